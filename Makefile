@@ -1,0 +1,25 @@
+# Two entry points, each installing what it needs into .venv first (idempotent:
+# the install reruns only when setup.py changes).
+#   make run   - the main job on its embedded default config
+#   make test  - the test suite
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+WORKDIR ?= workdir/default
+
+.PHONY: run test bench
+
+$(STAMP): setup.py
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/python -m experiments.main --config=configs/default.py --workdir=$(WORKDIR)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(VENV)/bin/python -m benchmarks.hamiltonian --out=benchmarks/results

@@ -1,0 +1,27 @@
+"""coulomb_jax: learned random-feature kernels as interacting Coulomb particles.
+
+The feature parameters ω_1..ω_N are particles. The Hamiltonian
+H = −(kernel-target alignment) + λ·(Riesz repulsion) is lowered by projected
+Langevin dynamics; the learned feature map can then be used in any kernel
+method or in linear attention.
+
+Modules: ``features``, ``alignment``, ``repulsion``, ``hamiltonian``,
+``langevin``, ``parallel``. The most used names are re-exported here.
+"""
+
+from coulomb_jax import alignment
+from coulomb_jax import features
+from coulomb_jax import hamiltonian as hamiltonian_lib
+from coulomb_jax import langevin
+from coulomb_jax import parallel
+from coulomb_jax import repulsion
+from coulomb_jax.alignment import centered_alignment, target_alignment
+from coulomb_jax.features import (FEATURE_MAPS, get_feature_map, sample_gaussian,
+                                  sample_orthogonal)
+from coulomb_jax.hamiltonian import hamiltonian, hamiltonian_terms, particle_potentials
+from coulomb_jax.langevin import (LangevinHistory, gibbs_resample, langevin_step,
+                                  langevin_transform, run_langevin)
+from coulomb_jax.parallel import langevin_step_on_mesh, sharded_langevin_step
+from coulomb_jax.repulsion import DEFAULT_SOFTENING, riesz_energy
+
+__version__ = '0.1.0'

@@ -1,0 +1,225 @@
+r"""Random-feature maps built from particles, and the samplers that draw them.
+
+Every map has the signature ``phi = feature_map(x, omega)`` with
+
+* ``x: [..., d]`` inputs (any number of leading axes),
+* ``omega: [N, d]`` particles ω_1..ω_N,
+* ``phi: [..., F]`` features, F = N or 2N,
+
+and is scaled by 1/√N so that
+
+.. math:: \langle φ(x), φ(x')\rangle = \frac1N \sum_k ψ(x; ω_k)ᵀ ψ(x'; ω_k)
+
+is a Monte-Carlo estimate of a kernel k(x, x') = E_ω[ψ(x; ω)ᵀψ(x'; ω)].
+Inputs of any float dtype are accepted; features are computed and returned in
+at least float32 (bf16 inputs give float32 features).
+
+The paper names seven positive maps for attention without giving every formula.
+The formulas chosen here are in each docstring; write ``s = x ωᵀ`` (``[..., N]``).
+
+All maps except ``softmaxfeat`` are *separable*: feature k depends on ω_k only,
+so the alignment splits into a sum of one-particle potentials (see
+``is_separable``).
+"""
+
+import math
+from typing import Callable, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+
+from coulomb_jax import _checks
+
+FeatureMap = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def _projection(x: jax.Array, omega: jax.Array):
+  """Checks shapes and returns ``s = x ωᵀ: [..., N]`` in the compute dtype."""
+  _checks.check_min_rank('x', x, 1)
+  _checks.check_particles('omega', omega)
+  _checks.check_same_last_dim('x', x, 'omega', omega)
+  dtype = jnp.promote_types(jnp.result_type(x, omega), jnp.float32)
+  x, omega = jnp.asarray(x, dtype), jnp.asarray(omega, dtype)
+  return x, jnp.einsum('...d,nd->...n', x, omega)
+
+
+def _half_sq_norm(x: jax.Array) -> jax.Array:
+  return 0.5 * jnp.sum(jnp.square(x), axis=-1, keepdims=True)
+
+
+def rff(x: jax.Array, omega: jax.Array) -> jax.Array:
+  r"""Random Fourier features, ``[..., 2N]``.
+
+  φ(x) = [cos(x Ωᵀ), sin(x Ωᵀ)] / √N.  For ω ~ N(0, I),
+  ⟨φ(x), φ(y)⟩ = (1/N) Σ_k cos(ω_kᵀ(x − y)) estimates exp(−‖x − y‖²/2).
+  Not positive: a kernel map for the synthetic study, not for attention.
+  """
+  _, s = _projection(x, omega)
+  return jnp.concatenate([jnp.cos(s), jnp.sin(s)], axis=-1) / math.sqrt(omega.shape[0])
+
+
+def favor(x: jax.Array, omega: jax.Array,
+          stabilize: Union[bool, int, Sequence[int]] = False) -> jax.Array:
+  r"""FAVOR+ positive random features, ``[..., N]``.
+
+  φ(x) = exp(x Ωᵀ − ‖x‖²/2) / √N.  For ω ~ N(0, I), ⟨φ(x), φ(y)⟩ estimates
+  exp(xᵀy) (Choromanski et al. 2020).
+
+  Args:
+    x: ``[..., d]`` inputs.
+    omega: ``[N, d]`` particles.
+    stabilize: subtract m = stop_gradient(max z) from the exponent
+      z = x Ωᵀ − ‖x‖²/2 before ``exp``, so the largest entry is exp(0) = 1 and
+      nothing overflows. ``True`` takes the max over the feature axis only
+      (one m per input row: right for queries, whose factor e^{−m} cancels
+      between numerator and denominator of linear attention). An int or a
+      tuple of axes of the ``[..., N]`` output takes the max over those axes,
+      e.g. ``(-3, -1)`` for keys ``[B, L, H, N]``: one m per (batch, head),
+      which also cancels in attention. ``False``: the exact formula above.
+  """
+  x, s = _projection(x, omega)
+  z = s - _half_sq_norm(x)
+  if stabilize is not False:
+    axes = -1 if stabilize is True else stabilize
+    z = z - jax.lax.stop_gradient(jnp.max(z, axis=axes, keepdims=True))
+  return jnp.exp(z) / math.sqrt(omega.shape[0])
+
+
+def elu(x: jax.Array, omega: jax.Array) -> jax.Array:
+  r"""ELU+1 features (Katharopoulos et al. 2020) on projections, ``[..., N]``.
+
+  ψ_k(x) = elu(s_k) + 1 = s_k + 1 if s_k > 0 else exp(s_k); φ = ψ / √N.
+  Computed in the second form so that small values keep full precision.
+  """
+  _, s = _projection(x, omega)
+  psi = jnp.where(s > 0, s + 1.0, jnp.exp(jnp.minimum(s, 0.0)))
+  return psi / math.sqrt(omega.shape[0])
+
+
+def softplus(x: jax.Array, omega: jax.Array) -> jax.Array:
+  r"""Softplus features, ``[..., N]``: ψ_k(x) = log(1 + exp(s_k)); φ = ψ / √N."""
+  _, s = _projection(x, omega)
+  return jax.nn.softplus(s) / math.sqrt(omega.shape[0])
+
+
+def sigmoid2(x: jax.Array, omega: jax.Array) -> jax.Array:
+  r"""Squared-sigmoid features, ``[..., N]``: ψ_k(x) = σ(s_k)²; φ = ψ / √N."""
+  _, s = _projection(x, omega)
+  return jnp.square(jax.nn.sigmoid(s)) / math.sqrt(omega.shape[0])
+
+
+def cos2(x: jax.Array, omega: jax.Array) -> jax.Array:
+  r"""Squared-cosine features, ``[..., N]``: ψ_k(x) = cos²(s_k); φ = ψ / √N.
+
+  Non-negative rather than strictly positive (zero where s_k = π/2 + jπ); the
+  attention denominator is guarded for that case.
+  """
+  _, s = _projection(x, omega)
+  return jnp.square(jnp.cos(s)) / math.sqrt(omega.shape[0])
+
+
+def softmaxfeat(x: jax.Array, omega: jax.Array) -> jax.Array:
+  r"""Hedgehog-style softmax features (Zhang et al. 2024), ``[..., 2N]``.
+
+  φ(x) = 2√N · softmax([s, −s]) over the 2N entries, i.e. ψ = 2N · softmax has
+  mean one over its entries and φ = ψ / √N as for the other maps. The softmax
+  normaliser couples the particles: this map is *not* separable.
+  """
+  _, s = _projection(x, omega)
+  n = omega.shape[0]
+  return 2.0 * math.sqrt(n) * jax.nn.softmax(jnp.concatenate([s, -s], axis=-1), axis=-1)
+
+
+def porf_softplus(x: jax.Array, omega: jax.Array) -> jax.Array:
+  r"""Positive (orthogonal) random features with softplus, ``[..., N]``.
+
+  ψ_k(x) = softplus(s_k − ‖x‖²/2); φ = ψ / √N: the FAVOR+ exponent passed
+  through softplus instead of exp. It behaves like FAVOR+ where the exponent is
+  very negative (softplus(z) ≈ eᶻ) and grows only linearly where it is large,
+  so it needs no stabiliser. "Orthogonal" refers to the draw: initialise its
+  particles with ``sample_orthogonal``.
+  """
+  x, s = _projection(x, omega)
+  return jax.nn.softplus(s - _half_sq_norm(x)) / math.sqrt(omega.shape[0])
+
+
+FEATURE_MAPS = {
+    'rff': rff,
+    'favor': favor,
+    'elu': elu,
+    'softplus': softplus,
+    'sigmoid2': sigmoid2,
+    'cos2': cos2,
+    'softmaxfeat': softmaxfeat,
+    'porf_softplus': porf_softplus,
+}
+"""Name → feature map. ``rff`` is the synthetic study's map; the other seven
+are the paper's positive attention maps."""
+
+ATTENTION_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2',
+                          'softmaxfeat', 'porf_softplus')
+"""The paper's seven attention maps, in its order."""
+
+_SEPARABLE = frozenset(FEATURE_MAPS) - {'softmaxfeat'}
+
+
+def get_feature_map(name: Union[str, FeatureMap]) -> FeatureMap:
+  """The feature map called ``name``; a callable is returned unchanged."""
+  if callable(name):
+    return name
+  if name not in FEATURE_MAPS:
+    raise ValueError(
+        f'feature_map: unknown name {name!r}; known names: {sorted(FEATURE_MAPS)}.')
+  return FEATURE_MAPS[name]
+
+
+def is_separable(feature_map: Union[str, FeatureMap]) -> bool:
+  """Whether feature k depends on ω_k only (so the data term splits per particle).
+
+  True for the library's maps except ``softmaxfeat``; a user callable counts as
+  separable only if it carries the attribute ``separable = True``.
+  """
+  fn = get_feature_map(feature_map)
+  for name in _SEPARABLE:
+    if fn is FEATURE_MAPS[name]:
+      return True
+  return bool(getattr(fn, 'separable', False))
+
+
+def _check_sizes(num_particles: int, dim: int) -> None:
+  if int(num_particles) < 1:
+    raise ValueError(f'num_particles must be >= 1, got {num_particles!r}.')
+  if int(dim) < 1:
+    raise ValueError(f'dim must be >= 1, got {dim!r}.')
+
+
+def sample_gaussian(key: jax.Array, num_particles: int, dim: int,
+                    dtype=jnp.float32) -> jax.Array:
+  """I.i.d. particles ω_k ~ N(0, I_d): ``[num_particles, dim]``."""
+  _check_sizes(num_particles, dim)
+  return jax.random.normal(key, (num_particles, dim), dtype)
+
+
+def sample_orthogonal(key: jax.Array, num_particles: int, dim: int,
+                      dtype=jnp.float32) -> jax.Array:
+  r"""Block-orthogonal particles with Gaussian row norms, ``[num_particles, dim]``.
+
+  As in FAVOR+: ⌈N/d⌉ independent Haar-random orthogonal d×d blocks (QR of a
+  Gaussian matrix, signs fixed by diag(R)) are stacked and cut to N rows; row k
+  is then rescaled to norm ‖g_k‖ with g_k ~ N(0, I_d) (chi-distributed with d
+  degrees of freedom), so each row is marginally N(0, I_d) while rows within a
+  block are exactly orthogonal.
+  """
+  _check_sizes(num_particles, dim)
+  num_blocks = -(-num_particles // dim)
+  block_key, norm_key = jax.random.split(key)
+
+  def block(k):
+    q, r = jnp.linalg.qr(jax.random.normal(k, (dim, dim), jnp.float32))
+    return (q * jnp.sign(jnp.diag(r))[None, :]).T  # rows orthonormal
+
+  rows = jax.vmap(block)(jax.random.split(block_key, num_blocks))
+  rows = rows.reshape(num_blocks * dim, dim)[:num_particles]
+  norms = jnp.linalg.norm(
+      jax.random.normal(norm_key, (num_particles, dim), jnp.float32), axis=-1)
+  return (rows * norms[:, None]).astype(dtype)

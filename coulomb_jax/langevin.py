@@ -1,0 +1,292 @@
+r"""Projected Langevin dynamics of the particles (the paper's Algorithm 1).
+
+One step moves every particle k by
+
+.. math::
+   ω_k ← P_R\big(ω_k − η N ∇_{ω_k} H + \sqrt{2η/β}\, ξ_k\big),\qquad ξ_k ∼ N(0, I_d),
+
+where P_R projects each particle onto the ball ‖ω_k‖ ≤ R. The factor N makes
+the drift of one particle O(1) (∇_{ω_k} H is O(1/N) in the mean-field scaling),
+so the empirical measure follows the McKean–Vlasov flow with time step η.
+β = ∞ is noise-free projected gradient descent.
+
+Conventions:
+
+* ``grad`` is ∇_Ω H exactly as ``jax.grad(hamiltonian)`` returns it; the
+  optional clipping rescales it to global norm ≤ ``clip_norm`` *before* the
+  factor η·N.
+* The noise of particle (row) k is drawn from ``fold_in(key, k)``, so it does
+  not depend on how the particles are sharded (``coulomb_jax.parallel`` gives
+  the same update as one device).
+
+Three ways in: ``langevin_step`` (one update), ``run_langevin`` (Algorithm 1
+over minibatches with ``lax.scan`` and early stop) and ``langevin_transform``
+(the same update as an optax ``GradientTransformation``). ``gibbs_resample``
+is Algorithm 1's final resampling step.
+"""
+
+import functools
+import math
+from typing import NamedTuple, Optional, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from coulomb_jax import _checks
+from coulomb_jax import features
+from coulomb_jax import hamiltonian as hamiltonian_lib
+from coulomb_jax import repulsion
+
+
+def _check_step_args(step_size, beta, radius, clip_norm):
+  _checks.check_positive('step_size', step_size)
+  _checks.check_positive('beta', beta)
+  _checks.check_positive('radius', radius)
+  if clip_norm is not None:
+    _checks.check_positive('clip_norm', clip_norm)
+
+
+def project_to_ball(omega: jax.Array, radius: Union[float, jax.Array]) -> jax.Array:
+  """P_R: each row (particle) of ``omega: [..., d]`` onto the ball ‖ω‖ ≤ R.
+
+  P_R(ω) = ω · min(1, R/‖ω‖): the per-row form of
+  ``optax.projections.projection_l2_ball``, written out so that R = ∞ (also
+  when traced) is the identity instead of inf/inf.
+  """
+  norm = jnp.linalg.norm(omega, axis=-1, keepdims=True)
+  scale = jnp.where(norm > radius, radius / jnp.where(norm > 0, norm, 1.0), 1.0)
+  return omega * scale.astype(omega.dtype)
+
+
+def clip_by_global_norm(grad, clip_norm, sq_norm=None):
+  """``grad · min(1, clip_norm / ‖grad‖)``; ``sq_norm`` overrides ‖grad‖² (e.g. a psum)."""
+  if clip_norm is None:
+    return grad
+  if sq_norm is None:
+    sq_norm = optax.tree.norm(grad, squared=True)
+  norm = jnp.sqrt(sq_norm)
+  scale = jnp.where(norm > clip_norm, clip_norm / jnp.where(norm > 0, norm, 1.0), 1.0)
+  return jax.tree.map(lambda g: g * scale.astype(g.dtype), grad)
+
+
+def _row_noise(key, shape, dtype, row_offset=0):
+  """ξ of ``shape = [..., d]``: row r drawn from ``fold_in(key, row_offset + r)``."""
+  rows = math.prod(shape[:-1])
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, row_offset + jnp.arange(rows))
+  xi = jax.vmap(lambda k: jax.random.normal(k, (shape[-1],), dtype))(keys)
+  return xi.reshape(shape)
+
+
+def _move(key, omega, grad, *, step_size, beta, radius, num_particles, row_offset=0):
+  """The update on an already clipped gradient. Returns (new omega, projected fraction)."""
+  moved = omega - (step_size * num_particles) * grad
+  if _checks.concrete_float(beta) != math.inf:
+    noise = _row_noise(key, omega.shape, omega.dtype, row_offset)
+    moved = moved + jnp.sqrt(2.0 * step_size / beta).astype(omega.dtype) * noise
+  outside = jnp.linalg.norm(moved, axis=-1) > radius
+  return project_to_ball(moved, radius), jnp.mean(outside.astype(jnp.float32))
+
+
+def langevin_step(key: jax.Array, omega: jax.Array, grad: jax.Array, *,
+                  step_size: float, beta: float, radius: float,
+                  clip_norm: Optional[float] = None) -> jax.Array:
+  r"""One projected Langevin step, ``[..., N, d] → [..., N, d]``.
+
+  ω ← P_R(ω − η·N·clip(∇H) + √(2η/β)·ξ), N = ``omega.shape[-2]``.
+
+  Args:
+    key: PRNG key of this step (ignored when β = ∞).
+    omega: ``[N, d]`` particles (leading axes allowed: ``[..., N, d]``).
+    grad: ∇_Ω H, same shape as ``omega``.
+    step_size: η > 0.
+    beta: inverse temperature β > 0; ``jnp.inf`` for no noise.
+    radius: R > 0 of the per-particle ball (``math.inf``: no projection).
+    clip_norm: if set, ``grad`` is first rescaled to global norm ≤ clip_norm.
+  """
+  _checks.check_min_rank('omega', omega, 2)
+  if grad.shape != omega.shape:
+    raise ValueError(f'grad must have the shape of omega {omega.shape}, got {grad.shape}.')
+  if omega.shape[-2] == 0:
+    raise ValueError(f'omega must hold at least one particle, got shape {omega.shape}.')
+  _check_step_args(step_size, beta, radius, clip_norm)
+  grad = clip_by_global_norm(grad, clip_norm)
+  return _move(key, omega, grad, step_size=step_size, beta=beta, radius=radius,
+               num_particles=omega.shape[-2])[0]
+
+
+class LangevinHistory(NamedTuple):
+  """Per-step diagnostics of ``run_langevin``; every field is ``[num_steps]``.
+
+  Energy terms are those of the step's minibatch at the particles *before*
+  the step. Steps after the early stop are not run: ``active`` is False there
+  and the other fields are 0.
+  """
+  hamiltonian: jax.Array
+  alignment: jax.Array
+  repulsion: jax.Array
+  grad_norm: jax.Array           # ‖∇_Ω H‖ before clipping
+  max_move: jax.Array            # max_k ‖ω_k(new) − ω_k(old)‖
+  projected_fraction: jax.Array  # fraction of particles the projection moved
+  active: jax.Array              # bool: the step ran
+
+
+def run_langevin(
+    key: jax.Array, omega: jax.Array, x: jax.Array, y: jax.Array, *,
+    feature_map: Union[str, features.FeatureMap], lam: float,
+    s: repulsion.Exponent = 'coulomb',
+    softening: float = repulsion.DEFAULT_SOFTENING,
+    step_size: float, beta: float, radius: float,
+    clip_norm: Optional[float] = None, batch_size: Optional[int] = None,
+    num_epochs: int = 1, tol: float = 0.0,
+) -> Tuple[jax.Array, LangevinHistory]:
+  r"""Algorithm 1: projected Langevin on H over shuffled minibatches.
+
+  Each epoch draws a permutation of the n samples and cuts it into
+  ⌊n / batch_size⌋ minibatches (the remainder is dropped); each minibatch is
+  one ``langevin_step`` on ∇H of that minibatch. The loop is one ``lax.scan``
+  of num_epochs·⌊n/b⌋ steps; after the first step whose largest particle move
+  is below ``tol`` the remaining steps are skipped (early stop; ``tol = 0``
+  never stops). With noise (β < ∞) moves are ~√(2ηd/β), so a small ``tol``
+  only stops noise-free runs.
+
+  Keys: ``key`` splits into a data key (one permutation per epoch, by
+  ``fold_in`` of the epoch) and a noise key (step t uses ``fold_in(·, t)``).
+
+  Args:
+    key: PRNG key.
+    omega: ``[N, d]`` initial particles.
+    x: ``[n, d]`` inputs; y: ``[n]`` labels.
+    feature_map, lam, s, softening: as ``hamiltonian``.
+    step_size, beta, radius, clip_norm: as ``langevin_step``.
+    batch_size: minibatch size b (``None``: full batch).
+    num_epochs: passes over the data.
+    tol: early-stop threshold on max_k ‖Δω_k‖.
+
+  Returns:
+    ``(omega, history)``: final ``[N, d]`` particles and a ``LangevinHistory``.
+  """
+  hamiltonian_lib._check_data(omega, x, y)
+  _check_step_args(step_size, beta, radius, clip_norm)
+  _checks.check_nonnegative('softening', softening)
+  _checks.check_nonnegative('tol', tol)
+  n = x.shape[0]
+  batch_size = n if batch_size is None else int(batch_size)
+  if not 2 <= batch_size <= n:
+    raise ValueError(f'batch_size must be in [2, n={n}], got {batch_size}.')
+  if int(num_epochs) < 1:
+    raise ValueError(f'num_epochs must be >= 1, got {num_epochs}.')
+  s = repulsion.resolve_exponent(s, omega.shape[-1])
+  return _run_langevin(
+      key, omega, x, y, lam, s, softening, step_size, beta, radius, clip_norm, tol,
+      feature_map=features.get_feature_map(feature_map), batch_size=batch_size,
+      num_epochs=int(num_epochs))
+
+
+@functools.partial(jax.jit, static_argnames=('feature_map', 'batch_size', 'num_epochs'))
+def _run_langevin(key, omega, x, y, lam, s, softening, step_size, beta, radius,
+                  clip_norm, tol, *, feature_map, batch_size, num_epochs):
+  n = x.shape[0]
+  steps_per_epoch = n // batch_size
+  data_key, noise_key = jax.random.split(key)
+  perms = jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(data_key, e), n))(
+      jnp.arange(num_epochs))
+  batches = perms[:, :steps_per_epoch * batch_size].reshape(-1, batch_size)
+  energy = functools.partial(hamiltonian_lib.hamiltonian_terms, feature_map=feature_map,
+                             lam=lam, s=s, softening=softening)
+
+  def active_step(omega, t, idx):
+    (h, terms), grad = jax.value_and_grad(energy, has_aux=True)(omega, x[idx], y[idx])
+    grad_norm = optax.tree.norm(grad)
+    grad = clip_by_global_norm(grad, clip_norm, jnp.square(grad_norm))
+    new, frac = _move(jax.random.fold_in(noise_key, t), omega, grad, step_size=step_size,
+                      beta=beta, radius=radius, num_particles=omega.shape[0])
+    move = jnp.max(jnp.linalg.norm(new - omega, axis=-1))
+    info = LangevinHistory(h, terms['alignment'], terms['repulsion'], grad_norm, move,
+                           frac, jnp.array(True))
+    return new, info
+
+  def skipped_step(omega, t, idx):
+    del t, idx
+    zero = jnp.zeros((), jnp.float32)
+    return omega, LangevinHistory(zero, zero, zero, zero, zero, zero, jnp.array(False))
+
+  def body(carry, inputs):
+    omega, done = carry
+    omega, info = jax.lax.cond(done, skipped_step, active_step, omega, *inputs)
+    done = done | (info.active & (info.max_move < tol))
+    return (omega, done), info
+
+  steps = jnp.arange(batches.shape[0])
+  (omega, _), history = jax.lax.scan(body, (omega, jnp.array(False)), (steps, batches))
+  return omega, history
+
+
+def gibbs_resample(
+    key: jax.Array, omega: jax.Array, x: jax.Array, y: jax.Array, num_samples: int, *,
+    beta: float, feature_map: Union[str, features.FeatureMap], lam: float,
+    s: repulsion.Exponent = 'coulomb',
+    softening: float = repulsion.DEFAULT_SOFTENING,
+) -> Tuple[jax.Array, jax.Array]:
+  r"""Algorithm 1's last step: D particles drawn from the particles' Gibbs weights.
+
+  Draws D indices i.i.d. (with replacement) from p_k ∝ exp(−β U_k), with
+  U_k = ``hamiltonian.particle_potentials`` (particle k's data potential plus
+  its mean-field repulsion; H = mean_k U_k for separable maps), and returns
+  those particles. β = ∞ puts all mass on the minimisers of U.
+
+  Returns:
+    ``(samples [D, d], indices [D])``.
+  """
+  _checks.check_positive('beta', beta)
+  if int(num_samples) < 1:
+    raise ValueError(f'num_samples must be >= 1, got {num_samples!r}.')
+  u = hamiltonian_lib.particle_potentials(omega, x, y, feature_map=feature_map, lam=lam,
+                                          s=s, softening=softening)
+  u_min = jnp.min(u)
+  logits = jnp.where(u == u_min, 0.0, -beta * (u - u_min))
+  idx = jax.random.categorical(key, logits, shape=(int(num_samples),))
+  return omega[idx], idx
+
+
+class LangevinState(NamedTuple):
+  """State of ``langevin_transform``: step count and the base key (as ``optax.add_noise``)."""
+  count: jax.Array
+  rng_key: jax.Array
+
+
+def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius: float,
+                       clip_norm: Optional[float] = None) -> optax.GradientTransformation:
+  r"""The Langevin step as an optax ``GradientTransformation``.
+
+  ``update(grads, state, params)`` needs ``params`` (the particles): it returns
+  ``updates = P_R(ω − η·N·clip(g) + √(2η/β)ξ) − ω`` for every leaf, so
+  ``optax.apply_updates`` lands on the projected Langevin step. Each leaf is a
+  particle array ``[..., N, d]`` with its own N = ``shape[-2]`` and per-row
+  balls; clipping uses the global norm over all leaves. Step t's noise comes
+  from ``fold_in(key, t)``, split over leaves. Meant as the particles' entry of
+  ``optax.partition`` in Phase A.
+  """
+  _check_step_args(step_size, beta, radius, clip_norm)
+
+  def init_fn(params):
+    del params
+    return LangevinState(count=jnp.zeros([], jnp.int32), rng_key=key)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError('params: langevin_transform needs the particles (params), got None.')
+    updates = clip_by_global_norm(updates, clip_norm)
+    leaves, treedef = jax.tree.flatten(params)
+    grads = treedef.flatten_up_to(updates)
+    keys = jax.random.split(jax.random.fold_in(state.rng_key, state.count), len(leaves))
+    new_updates = []
+    for k, p, g in zip(keys, leaves, grads):
+      _checks.check_min_rank('params leaf', p, 2)
+      new, _ = _move(k, p, g, step_size=step_size, beta=beta, radius=radius,
+                     num_particles=p.shape[-2])
+      new_updates.append(new - p)
+    return (jax.tree.unflatten(treedef, new_updates),
+            LangevinState(count=optax.safe_increment(state.count), rng_key=state.rng_key))
+
+  return optax.GradientTransformation(init_fn, update_fn)

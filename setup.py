@@ -1,0 +1,29 @@
+"""coulomb_jax: learned random-feature kernels as Coulomb particles, in JAX."""
+
+import setuptools
+
+setuptools.setup(
+    name='coulomb_jax',
+    version='0.1.0',
+    description=('Learned random-feature kernels as interacting Coulomb particles '
+                 '(projected Langevin dynamics) in JAX.'),
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    packages=setuptools.find_packages(include=['coulomb_jax', 'coulomb_jax.*']),
+    python_requires='>=3.10',
+    # Ranges, not pins: the same code runs on jax 0.10 (CPU, Python 3.11) and on
+    # jax 0.11 (the GPU image, Python 3.12), which must not be upgraded there.
+    install_requires=[
+        'jax>=0.7,<0.13',
+        'jaxlib>=0.7,<0.13',
+        'flax>=0.10',
+        'optax>=0.2.5',
+        'chex>=0.1.89',
+        'numpy>=1.26',
+        'ml-collections>=0.1.1',
+        'absl-py>=2.0',
+    ],
+    extras_require={
+        'test': ['pytest>=8', 'hypothesis>=6'],
+    },
+)
