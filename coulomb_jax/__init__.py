@@ -11,14 +11,15 @@ Modules: ``features``, ``alignment``, ``repulsion``, ``hamiltonian``,
 
 from coulomb_jax import alignment
 from coulomb_jax import features
-from coulomb_jax import hamiltonian as hamiltonian_lib
+from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import parallel
 from coulomb_jax import repulsion
 from coulomb_jax.alignment import centered_alignment, target_alignment
 from coulomb_jax.features import (FEATURE_MAPS, get_feature_map, sample_gaussian,
                                   sample_orthogonal)
-from coulomb_jax.hamiltonian import hamiltonian, hamiltonian_terms, particle_potentials
+# ``coulomb_jax.hamiltonian`` stays the module: call ``hamiltonian.hamiltonian``.
+from coulomb_jax.hamiltonian import hamiltonian_terms, particle_potentials
 from coulomb_jax.langevin import (LangevinHistory, gibbs_resample, langevin_step,
                                   langevin_transform, run_langevin)
 from coulomb_jax.parallel import langevin_step_on_mesh, sharded_langevin_step

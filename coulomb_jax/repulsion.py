@@ -98,4 +98,5 @@ def riesz_energy(omega: jax.Array, s: Exponent,
     s: exponent ≥ 0 (0: log kernel), or ``"coulomb"`` for s = d − 2.
     softening: ε ≥ 0 (default 0.5, see the module docstring).
   """
+  _checks.check_particles('omega', omega)
   return jnp.mean(riesz_potential(omega, omega, s, softening, self_index_offset=0))

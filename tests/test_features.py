@@ -1,0 +1,178 @@
+"""Tests of coulomb_jax.features: kernel estimates, positivity, samplers, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from coulomb_jax import features
+
+NUM_PAIRS = 60   # independent (x, y, Ω) draws per Monte-Carlo check
+
+
+def _pairs(key, scale, dim=4):
+  kx, ky = jax.random.split(key)
+  x = scale * jax.random.normal(kx, (NUM_PAIRS, dim)) / np.sqrt(dim)
+  y = scale * jax.random.normal(ky, (NUM_PAIRS, dim)) / np.sqrt(dim)
+  return x, y
+
+
+def _estimates(feature_map, num, key, scale):
+  """⟨φ(x), φ(y)⟩ for NUM_PAIRS independent draws of (x, y, Ω ~ N(0, I))."""
+  x, y = _pairs(jax.random.fold_in(key, 1), scale)
+
+  def one(k, xi, yi):
+    omega = features.sample_gaussian(k, num, xi.shape[-1])
+    return jnp.dot(feature_map(xi, omega), feature_map(yi, omega))
+
+  return jax.vmap(one)(jax.random.split(key, NUM_PAIRS), x, y), x, y
+
+
+def _z_scores(feature_map, exact, variance, num, key, scale):
+  """(estimate − exact) / (Monte-Carlo std) for each draw."""
+  est, x, y = _estimates(feature_map, num, key, scale)
+  return np.asarray((est - exact(x, y)) / jnp.sqrt(variance(x, y) / num))
+
+
+def _check_z(z):
+  # z ~ N(0, 1) i.i.d. over the NUM_PAIRS draws: no |z| beyond 5, and the mean
+  # square is chi²_60/60, whose std is sqrt(2/60) = 0.18: [0.45, 1.65] is 3.5σ.
+  assert np.max(np.abs(z)) < 5.0, z
+  assert 0.45 < np.mean(z ** 2) < 1.65, np.mean(z ** 2)
+
+
+@pytest.mark.parametrize('num', [256, 4096])
+def test_rff_estimates_gaussian_kernel_within_mc_error(num):
+  gauss = lambda x, y: jnp.exp(-0.5 * jnp.sum((x - y) ** 2, -1))
+  # Var cos(ωᵀδ) = (1 + k(2δ))/2 − k(δ)², with k(2δ) = k(δ)⁴.
+  var = lambda x, y: 0.5 * (1 + gauss(x, y) ** 4) - gauss(x, y) ** 2
+  _check_z(_z_scores(features.rff, gauss, var, num, jax.random.key(0), scale=1.0))
+
+
+@pytest.mark.parametrize('num', [256, 4096])
+def test_favor_estimates_exp_dot_within_mc_error(num):
+  exact = lambda x, y: jnp.exp(jnp.sum(x * y, -1))
+  # ψ = exp(ωᵀz − (‖x‖² + ‖y‖²)/2), z = x + y:  E ψ² = exp(2‖z‖² − ‖x‖² − ‖y‖²).
+  def var(x, y):
+    z2 = jnp.sum((x + y) ** 2, -1)
+    return jnp.exp(2 * z2 - jnp.sum(x * x, -1) - jnp.sum(y * y, -1)) - exact(x, y) ** 2
+  _check_z(_z_scores(features.favor, exact, var, num, jax.random.key(1), scale=0.5))
+
+
+def test_mc_error_shrinks_like_inverse_sqrt_n():
+  """The RMS error falls by about √16 = 4 from N = 256 to N = 4096."""
+  gauss = lambda x, y: jnp.exp(-0.5 * jnp.sum((x - y) ** 2, -1))
+  rms = []
+  for num in (256, 4096):
+    est, x, y = _estimates(features.rff, num, jax.random.key(2), 1.0)
+    rms.append(np.sqrt(np.mean(np.square(est - gauss(x, y)))))
+  # Each RMS is over 60 draws (relative std ≈ 1/sqrt(120) = 9%): ratio 4 ± 30%.
+  assert 2.8 < rms[0] / rms[1] < 5.6, rms
+
+
+def test_favor_stabilize_is_finite_and_a_per_row_rescaling():
+  key = jax.random.key(3)
+  omega = features.sample_gaussian(key, 64, 8)
+  x = jax.random.normal(jax.random.key(4), (5, 8))
+  x = 100.0 * x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # norm 100
+  phi = features.favor(x, omega, stabilize=True)
+  assert np.all(np.isfinite(phi)) and np.all(phi >= 0)
+  np.testing.assert_allclose(np.max(phi, axis=-1), 1 / np.sqrt(64), rtol=1e-6)
+  grad = jax.grad(lambda z: jnp.sum(features.favor(z, omega, stabilize=True)))(x)
+  assert np.all(np.isfinite(grad))
+  # On moderate inputs, each row is the exact features times one constant.
+  xs = 0.3 * x / 100
+  ratio = features.favor(xs, omega, stabilize=True) / features.favor(xs, omega)
+  np.testing.assert_allclose(ratio, ratio[:, :1] * np.ones_like(ratio), rtol=1e-5)
+
+
+def test_favor_stabilize_over_given_axes():
+  omega = features.sample_gaussian(jax.random.key(5), 16, 4)
+  k = jax.random.normal(jax.random.key(6), (2, 7, 3, 4))   # [B, L, H, d]
+  phi = features.favor(k, omega, stabilize=(-3, -1))
+  ratio = phi / features.favor(k, omega)
+  # One constant per (batch, head): the same over L and over features.
+  np.testing.assert_allclose(ratio, np.broadcast_to(ratio[:, :1, :, :1], ratio.shape),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize('name', sorted(features.FEATURE_MAPS))
+def test_every_map_shape_scale_dtype_and_transforms(name):
+  fm = features.get_feature_map(name)
+  omega = features.sample_gaussian(jax.random.key(7), 12, 6)
+  x = jax.random.normal(jax.random.key(8), (3, 5, 6))
+  phi = fm(x, omega)
+  width = 24 if name in ('rff', 'softmaxfeat') else 12
+  assert phi.shape == (3, 5, width) and phi.dtype == jnp.float32
+  if name != 'rff':
+    assert np.all(phi >= 0)
+    if name != 'cos2':
+      assert np.all(phi > 0)
+  np.testing.assert_allclose(jax.jit(fm)(x, omega), phi, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(jax.vmap(fm, (0, None))(x, omega), phi, rtol=1e-6, atol=1e-7)
+  # bf16 inputs: computed in float32, no NaN even for large inputs.
+  big = (30.0 * x).astype(jnp.bfloat16)
+  kwargs = {'stabilize': True} if name == 'favor' else {}
+  phi16 = fm(big, omega.astype(jnp.bfloat16), **kwargs)
+  assert phi16.dtype == jnp.float32 and not np.any(np.isnan(phi16))
+
+
+def test_separable_maps_split_per_particle():
+  omega = features.sample_gaussian(jax.random.key(9), 6, 3)
+  x = jax.random.normal(jax.random.key(10), (4, 3))
+  for name in features.FEATURE_MAPS:
+    fm = features.get_feature_map(name)
+    full = fm(x, omega)
+    halves = [fm(x, omega[:3]), fm(x, omega[3:])]
+    k_full = full @ full.T
+    k_split = sum(h @ h.T for h in halves) / 2          # mean over the two halves
+    assert features.is_separable(name) == np.allclose(k_full, k_split, rtol=1e-5), name
+
+
+def test_get_feature_map_unknown_name_lists_known():
+  with pytest.raises(ValueError, match=r"unknown name 'relu'.*favor"):
+    features.get_feature_map('relu')
+  fn = lambda x, omega: x @ omega.T
+  assert features.get_feature_map(fn) is fn and not features.is_separable(fn)
+
+
+def test_sample_gaussian_shape_and_reproducible():
+  a = features.sample_gaussian(jax.random.key(11), 7, 3)
+  assert a.shape == (7, 3) and a.dtype == jnp.float32
+  np.testing.assert_array_equal(a, features.sample_gaussian(jax.random.key(11), 7, 3))
+  assert not np.allclose(a, features.sample_gaussian(jax.random.key(12), 7, 3))
+
+
+def test_sample_orthogonal_blocks_orthogonal_with_chi_norms():
+  dim, num = 8, 20                                      # blocks of 8, 8, 4 rows
+  w = np.asarray(features.sample_orthogonal(jax.random.key(13), num, dim))
+  assert w.shape == (num, dim)
+  unit = w / np.linalg.norm(w, axis=-1, keepdims=True)
+  for start in (0, 8, 16):
+    block = unit[start:start + dim]
+    np.testing.assert_allclose(block @ block.T, np.eye(len(block)), atol=1e-5)
+  # Squared norms are chi²_d: mean d, std of the mean over 4000 rows sqrt(2d/4000).
+  many = np.asarray(features.sample_orthogonal(jax.random.key(14), 4000, dim))
+  sq = np.sum(many ** 2, -1)
+  assert abs(sq.mean() - dim) < 5 * np.sqrt(2 * dim / 4000)
+
+
+@pytest.mark.parametrize('x_shape, omega_shape, match', [
+    ((5, 3), (4, 2), 'last dimensions differ'),
+    ((5, 3), (4, 3, 1), 'omega must have rank 2'),
+    ((), (4, 3), 'x must have rank >= 1'),
+    ((5, 3), (0, 3), 'at least one particle'),
+])
+def test_bad_shapes_raise(x_shape, omega_shape, match):
+  for fm in features.FEATURE_MAPS.values():
+    with pytest.raises(ValueError, match=match):
+      fm(jnp.ones(x_shape), jnp.ones(omega_shape))
+    with pytest.raises(ValueError, match=match):   # at trace time, too
+      jax.jit(fm)(jnp.ones(x_shape), jnp.ones(omega_shape))
+
+
+def test_bad_sampler_sizes_raise():
+  with pytest.raises(ValueError, match='num_particles must be >= 1, got 0'):
+    features.sample_gaussian(jax.random.key(0), 0, 3)
+  with pytest.raises(ValueError, match='dim must be >= 1, got 0'):
+    features.sample_orthogonal(jax.random.key(0), 4, 0)

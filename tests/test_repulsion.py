@@ -1,0 +1,100 @@
+"""Tests of coulomb_jax.repulsion."""
+
+import jax
+import jax.numpy as jnp
+from jax import test_util
+import numpy as np
+import pytest
+
+from coulomb_jax import repulsion
+
+
+def _brute_force(omega, s, eps):
+  omega = np.asarray(omega, np.float64)
+  n, d = omega.shape
+  s = d - 2 if s == 'coulomb' else s
+  total = 0.0
+  for k in range(n):
+    for l in range(n):
+      if k != l:
+        r2 = np.sum((omega[k] - omega[l]) ** 2) + eps ** 2
+        total += -0.5 * np.log(r2) if s == 0 else r2 ** (-s / 2)
+  return total / n ** 2
+
+
+@pytest.mark.parametrize('s, dim', [(0.0, 3), (1.0, 3), (2.5, 4), ('coulomb', 5),
+                                    ('coulomb', 2)])
+def test_energy_equals_pair_sum(s, dim):
+  omega = jax.random.normal(jax.random.key(0), (17, dim))
+  for eps in (0.1, repulsion.DEFAULT_SOFTENING):
+    np.testing.assert_allclose(repulsion.riesz_energy(omega, s, eps),
+                               _brute_force(omega, s, eps), rtol=2e-5, atol=1e-6)
+
+
+def test_symmetric_and_permutation_invariant():
+  omega = jax.random.normal(jax.random.key(1), (12, 4))
+  e = repulsion.riesz_energy(omega, 1.5)
+  perm = jax.random.permutation(jax.random.key(2), 12)
+  np.testing.assert_allclose(repulsion.riesz_energy(omega[perm], 1.5), e, rtol=1e-6)
+  two = omega[:2]
+  np.testing.assert_allclose(repulsion.riesz_potential(two[:1], two[1:], 1.5),
+                             repulsion.riesz_potential(two[1:], two[:1], 1.5), rtol=1e-6)
+  np.testing.assert_allclose(repulsion.riesz_energy(-omega, 1.5), e, rtol=1e-6)
+
+
+@pytest.mark.parametrize('s', [0.0, 1.0, 'coulomb'])
+def test_gradients(s):
+  omega = jax.random.normal(jax.random.key(3), (6, 3))
+  energy = jax.jit(lambda w: repulsion.riesz_energy(w, s, 0.3))
+  test_util.check_grads(energy, (omega,), order=2,
+                        modes=('fwd', 'rev'), eps=1e-3, atol=2e-2, rtol=2e-2)
+
+
+def test_finite_for_all_s_coincident_particles_and_high_dim():
+  d = 64
+  rand = jax.random.normal(jax.random.key(4), (32, d))
+  coincident = jnp.concatenate([rand[:16], rand[:16]])   # pairs at distance 0
+  tiny = 1e-3 * rand                                     # all within 0.01
+  energy_and_grad = jax.jit(jax.value_and_grad(repulsion.riesz_energy))
+  for omega in (rand, coincident, tiny):
+    for s in list(np.linspace(0.0, d, 9)) + [62.0]:
+      e, g = energy_and_grad(omega, s)
+      assert np.isfinite(e) and np.all(np.isfinite(g)), (s, e)
+    e, g = jax.value_and_grad(repulsion.riesz_energy)(omega, 'coulomb')
+    assert np.isfinite(e) and np.all(np.isfinite(g))
+  # The largest possible value, eps^-s for coincident pairs, is representable.
+  e = repulsion.riesz_energy(jnp.zeros((4, d)), 62.0)
+  np.testing.assert_allclose(e, (3 / 4) * repulsion.DEFAULT_SOFTENING ** -62.0, rtol=1e-5)
+
+
+def test_potential_mean_is_energy_and_blocks_compose():
+  omega = jax.random.normal(jax.random.key(5), (12, 3))
+  u = repulsion.riesz_potential(omega, omega, 1.0, self_index_offset=0)
+  np.testing.assert_allclose(jnp.mean(u), repulsion.riesz_energy(omega, 1.0), rtol=1e-6)
+  blocks = [repulsion.riesz_potential(omega[i:i + 4], omega, 1.0, self_index_offset=i)
+            for i in (0, 4, 8)]
+  np.testing.assert_allclose(jnp.concatenate(blocks), u, rtol=1e-6)
+
+
+def test_jit_and_vmap_over_exponent():
+  omega = jax.random.normal(jax.random.key(6), (8, 3))
+  ss = jnp.array([0.0, 0.5, 1.0, 3.0])
+  batched = jax.vmap(lambda s: repulsion.riesz_energy(omega, s))(ss)
+  np.testing.assert_allclose(batched, [repulsion.riesz_energy(omega, float(s)) for s in ss],
+                             rtol=1e-6)
+
+
+def test_bad_input():
+  omega = jnp.ones((4, 3))
+  with pytest.raises(ValueError, match=r's must be >= 0, got -1\.0'):
+    repulsion.riesz_energy(omega, -1.0)
+  with pytest.raises(ValueError, match="s must be a float >= 0 or 'coulomb', got 'newton'"):
+    repulsion.riesz_energy(omega, 'newton')
+  with pytest.raises(ValueError, match=r'softening must be >= 0, got -0\.1'):
+    repulsion.riesz_energy(omega, 1.0, -0.1)
+  with pytest.raises(ValueError, match='d >= 2'):
+    repulsion.riesz_energy(jnp.ones((4, 1)), 'coulomb')
+  with pytest.raises(ValueError, match='omega must have rank 2'):
+    repulsion.riesz_energy(jnp.ones(4), 1.0)
+  with pytest.raises(ValueError, match='at least one particle'):
+    repulsion.riesz_energy(jnp.ones((0, 3)), 1.0)
