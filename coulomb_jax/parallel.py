@@ -105,6 +105,10 @@ def langevin_step_on_mesh(
         f'omega has {omega.shape[0]} particles, not divisible by the {size} devices '
         f'of mesh axis {axis_name!r}.')
   replicated, split = PartitionSpec(), PartitionSpec(axis_name)
+  if jax.sharding.AxisType.Explicit in tuple(mesh.axis_types):
+    # Explicit axes: shard_map wants inputs already laid out as in_specs say.
+    omega = jax.reshard(omega, jax.sharding.NamedSharding(mesh, split))
+    x, y = (jax.reshard(a, jax.sharding.NamedSharding(mesh, replicated)) for a in (x, y))
   body = functools.partial(sharded_langevin_step, axis_name=axis_name, **kwargs)
   return jax.shard_map(body, mesh=mesh, in_specs=(replicated, split, replicated, replicated),
                        out_specs=split)(key, omega, x, y)

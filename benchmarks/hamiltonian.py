@@ -1,0 +1,129 @@
+r"""Time of one jitted H + ∇H: the O(n·F) alignment against the naive n×n form.
+
+  python -m benchmarks.hamiltonian --out=benchmarks/results
+
+For each n (samples) and N (particles), d = 64, random Fourier features, λ = 0.5,
+s = "coulomb": the median wall time of ``jax.value_and_grad`` of
+
+* fast:  the library's ``hamiltonian`` (A via ‖Φᵀy‖², never an n×n matrix);
+* naive: the same H with the alignment computed from the kernel matrix K = ΦΦᵀ,
+  A = (yᵀKy − Σ_i y_i² K_ii) / (n(n−1)).
+
+Prints a markdown table and writes ``hamiltonian.json`` and ``hamiltonian.md``
+into ``--out``. Times are after one warm-up call, each call ended by
+``block_until_ready``.
+"""
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+
+import coulomb_jax as cj
+from coulomb_jax import hamiltonian as hl
+
+_OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
+_NS = flags.DEFINE_list('n', ['1000', '2000', '4000', '8000'], 'Numbers of samples.')
+_NUMS = flags.DEFINE_list('num_particles', ['64', '256', '1024'], 'Numbers of particles.')
+_DIM = flags.DEFINE_integer('dim', 64, 'Input and particle dimension d.')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per case (median reported).')
+_NAIVE_MAX_N = flags.DEFINE_integer('naive_max_n', 8000, 'Skip the naive form above this n.')
+
+LAM, S = 0.5, 'coulomb'
+
+
+def naive_hamiltonian(omega, x, y):
+  """H with the alignment from the explicit n×n kernel matrix."""
+  phi = cj.features.rff(x, omega)
+  k = phi @ phi.T
+  n = x.shape[0]
+  a = (y @ k @ y - jnp.sum(jnp.square(y) * jnp.diag(k))) / (n * (n - 1))
+  return -a + LAM * cj.riesz_energy(omega, S)
+
+
+def fast_hamiltonian(omega, x, y):
+  return hl.hamiltonian(omega, x, y, feature_map='rff', lam=LAM, s=S)
+
+
+def median_seconds(fn, *args, repeats):
+  jax.block_until_ready(fn(*args))                     # compile + warm-up
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def machine():
+  dev = jax.devices()[0]
+  return {'platform': dev.platform, 'device_kind': dev.device_kind,
+          'device_count': jax.device_count(), 'cpu_count': os.cpu_count(),
+          'processor': platform.processor() or platform.machine(),
+          'python': platform.python_version(), 'jax': jax.__version__}
+
+
+def commit():
+  try:
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return head + ('-dirty' if dirty else '')
+  except (OSError, subprocess.CalledProcessError):
+    return 'unknown'
+
+
+def main(argv):
+  del argv
+  fast = jax.jit(jax.value_and_grad(fast_hamiltonian))
+  naive = jax.jit(jax.value_and_grad(naive_hamiltonian))
+  rows = []
+  for num in map(int, _NUMS.value):
+    for n in map(int, _NS.value):
+      kx, ko = jax.random.split(jax.random.fold_in(jax.random.key(0), n * 10_000 + num))
+      x = jax.random.normal(kx, (n, _DIM.value)) / jnp.sqrt(_DIM.value)
+      y = jnp.sign(x[:, 0])
+      omega = cj.sample_gaussian(ko, num, _DIM.value)
+      row = {'n': n, 'num_particles': num, 'dim': _DIM.value,
+             'fast_s': median_seconds(fast, omega, x, y, repeats=_REPEATS.value)}
+      if n <= _NAIVE_MAX_N.value:
+        row['naive_s'] = median_seconds(naive, omega, x, y, repeats=_REPEATS.value)
+        row['speedup'] = row['naive_s'] / row['fast_s']
+      rows.append(row)
+      print(json.dumps(row), flush=True)
+
+  lines = ['| N | n | fast H+∇H (ms) | naive H+∇H (ms) | speed-up |', '|---|---|---|---|---|']
+  for r in rows:
+    naive_ms = f"{1e3 * r['naive_s']:.2f}" if 'naive_s' in r else '–'
+    speedup = f"{r['speedup']:.1f}×" if 'speedup' in r else '–'
+    lines.append(f"| {r['num_particles']} | {r['n']} | {1e3 * r['fast_s']:.2f} | {naive_ms} "
+                 f'| {speedup} |')
+  table = '\n'.join(lines)
+  print(table)
+  record = {'benchmark': 'hamiltonian', 'command': 'python -m benchmarks.hamiltonian '
+            + ' '.join(f'--{k}={v}' for k, v in (('n', ','.join(_NS.value)),
+                                                  ('num_particles', ','.join(_NUMS.value)),
+                                                  ('dim', _DIM.value),
+                                                  ('repeats', _REPEATS.value))),
+            'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+            'commit': commit(), 'machine': machine(), 'rows': rows}
+  os.makedirs(_OUT.value, exist_ok=True)
+  with open(os.path.join(_OUT.value, 'hamiltonian.json'), 'w') as f:
+    json.dump(record, f, indent=1)
+  with open(os.path.join(_OUT.value, 'hamiltonian.md'), 'w') as f:
+    f.write(f"# H + ∇H benchmark\n\nCommand: `{record['command']}`  \n"
+            f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
+            f"Machine: {json.dumps(record['machine'])}\n\n{table}\n")
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,232 @@
+"""Tests of coulomb_jax.langevin: the step, the driver, resampling, the optax form."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from coulomb_jax import features
+from coulomb_jax import hamiltonian as hl
+from coulomb_jax import langevin
+
+
+def _problem(num_particles=16, n=40, d=3):
+  ko, kx = jax.random.split(jax.random.key(0))
+  omega = features.sample_gaussian(ko, num_particles, d)
+  x = jax.random.normal(kx, (n, d))
+  y = jnp.sign(jnp.sin(2 * x[:, 0]) + x[:, 1] * x[:, 2])
+  return omega, x, y
+
+
+def test_beta_inf_is_projected_gradient_step():
+  omega = 2.0 * jax.random.normal(jax.random.key(1), (8, 3))
+  grad = jax.random.normal(jax.random.key(2), (8, 3)) / 8
+  new = langevin.langevin_step(jax.random.key(3), omega, grad, step_size=0.1,
+                               beta=jnp.inf, radius=2.5)
+  moved = np.asarray(omega) - 0.1 * 8 * np.asarray(grad)
+  norms = np.linalg.norm(moved, axis=-1, keepdims=True)
+  expected = moved * np.minimum(1.0, 2.5 / norms)
+  np.testing.assert_allclose(new, expected, rtol=1e-6)
+  assert np.any(norms > 2.5) and np.any(norms < 2.5)   # both cases exercised
+  # Traced β = ∞ (inside jit) gives the same.
+  jitted = jax.jit(lambda b: langevin.langevin_step(jax.random.key(3), omega, grad,
+                                                    step_size=0.1, beta=b, radius=2.5))
+  np.testing.assert_allclose(jitted(jnp.inf), expected, rtol=1e-6)
+
+
+def test_clipping_rescales_the_gradient_to_clip_norm():
+  omega = jnp.zeros((4, 2))
+  grad = jnp.full((4, 2), 10.0)                        # global norm 10·√8
+  new = langevin.langevin_step(jax.random.key(0), omega, grad, step_size=0.01,
+                               beta=math.inf, radius=math.inf, clip_norm=1.0)
+  np.testing.assert_allclose(jnp.linalg.norm(new), 0.01 * 4 * 1.0, rtol=1e-6)
+  unclipped = langevin.langevin_step(jax.random.key(0), omega, grad / 100, step_size=0.01,
+                                     beta=math.inf, radius=math.inf, clip_norm=1.0)
+  np.testing.assert_allclose(unclipped, -0.01 * 4 * grad / 100, rtol=1e-6)
+
+
+def test_stationary_variance_on_quadratic_potential():
+  """H = (1/N) Σ_k (c/2)‖ω_k‖²: the chain is ω ← (1 − ηc)ω + √(2η/β)ξ.
+
+  Its stationary variance per coordinate is 1/(βc(1 − ηc/2)) → 1/(βc).
+  """
+  c, beta, eta, num, dim, steps = 2.0, 4.0, 0.005, 4000, 2, 1500
+  energy = lambda w: jnp.sum(0.5 * c * jnp.square(w)) / w.shape[0]
+
+  def body(omega, t):
+    step = langevin.langevin_step(jax.random.fold_in(jax.random.key(5), t), omega,
+                                  jax.grad(energy)(omega), step_size=eta, beta=beta,
+                                  radius=100.0)
+    return step, None
+
+  omega, _ = jax.lax.scan(body, jnp.zeros((num, dim)), jnp.arange(steps))
+  # 1500 steps of contraction 0.99 per step: the start is forgotten (e^-15).
+  var = float(jnp.var(omega))
+  target = 1.0 / (beta * c)
+  exact_discrete = target / (1 - eta * c / 2)          # 0.5% above the target
+  # 8000 i.i.d. coordinates: the sample variance has relative std √(2/8000) = 1.6%.
+  assert abs(var - exact_discrete) < 4 * math.sqrt(2 / (num * dim)) * exact_discrete
+  assert abs(var / target - 1) < 0.08
+  assert float(jnp.max(jnp.linalg.norm(omega, axis=-1))) < 100.0   # ball never active
+
+
+def test_particles_stay_in_ball_every_step():
+  omega, x, y = _problem()
+  grad_fn = jax.grad(lambda w: hl.hamiltonian(w, x, y, feature_map='rff', lam=1.0))
+  step = jax.jit(lambda k, w: langevin.langevin_step(k, w, grad_fn(w), step_size=0.5,
+                                                     beta=1.0, radius=1.5))
+  for t in range(20):
+    omega = step(jax.random.key(t), omega)
+    assert float(jnp.max(jnp.linalg.norm(omega, axis=-1))) <= 1.5 * (1 + 1e-6)
+
+
+def test_keys_determine_the_noise():
+  omega = jnp.zeros((5, 3))
+  grad = jnp.zeros((5, 3))
+  kw = dict(step_size=0.1, beta=1.0, radius=10.0)
+  a = langevin.langevin_step(jax.random.key(7), omega, grad, **kw)
+  b = langevin.langevin_step(jax.random.key(7), omega, grad, **kw)
+  c = langevin.langevin_step(jax.random.key(8), omega, grad, **kw)
+  np.testing.assert_array_equal(a, b)
+  assert not np.allclose(a, c)
+  # Noise std √(2η/β) per coordinate.
+  big = langevin.langevin_step(jax.random.key(9), jnp.zeros((5000, 2)), jnp.zeros((5000, 2)),
+                               **kw)
+  np.testing.assert_allclose(jnp.std(big), math.sqrt(0.2), rtol=4 * math.sqrt(1 / 20000))
+
+
+def test_leading_axes_are_separate_particle_sets():
+  omega = jax.random.normal(jax.random.key(10), (2, 6, 3))
+  grad = jax.random.normal(jax.random.key(11), (2, 6, 3))
+  new = langevin.langevin_step(jax.random.key(0), omega, grad, step_size=0.1, beta=math.inf,
+                               radius=math.inf)
+  np.testing.assert_allclose(new, omega - 0.1 * 6 * grad, rtol=1e-6)
+
+
+def test_run_langevin_history_and_descent():
+  omega, x, y = _problem()
+  kw = dict(feature_map='rff', lam=0.5, s=1.0, step_size=0.02, beta=jnp.inf, radius=5.0)
+  final, hist = langevin.run_langevin(jax.random.key(0), omega, x, y, num_epochs=30, **kw)
+  assert final.shape == omega.shape
+  assert hist.hamiltonian.shape == (30,) and bool(jnp.all(hist.active))
+  h0 = hl.hamiltonian(omega, x, y, feature_map='rff', lam=0.5, s=1.0)
+  np.testing.assert_allclose(hist.hamiltonian[0], h0, rtol=1e-5)   # full batch, before step
+  np.testing.assert_allclose(hist.hamiltonian, -hist.alignment + 0.5 * hist.repulsion,
+                             rtol=1e-5, atol=1e-7)
+  h_end = hl.hamiltonian(final, x, y, feature_map='rff', lam=0.5, s=1.0)
+  assert h_end < h0 and hist.hamiltonian[-1] < hist.hamiltonian[0]
+  # Minibatches: ⌊40 / 16⌋ = 2 steps per epoch; same key → same run.
+  a, ha = langevin.run_langevin(jax.random.key(1), omega, x, y, batch_size=16, num_epochs=3,
+                                **kw)
+  b, _ = langevin.run_langevin(jax.random.key(1), omega, x, y, batch_size=16, num_epochs=3,
+                               **kw)
+  assert ha.hamiltonian.shape == (6,)
+  np.testing.assert_array_equal(a, b)
+
+
+def test_run_langevin_early_stop():
+  omega, x, y = _problem()
+  kw = dict(feature_map='rff', lam=0.5, step_size=1e-3, beta=jnp.inf, radius=5.0)
+  first, _ = langevin.run_langevin(jax.random.key(0), omega, x, y, num_epochs=1, **kw)
+  final, hist = langevin.run_langevin(jax.random.key(0), omega, x, y, num_epochs=10,
+                                      tol=1.0, **kw)
+  np.testing.assert_array_equal(np.asarray(hist.active), [True] + [False] * 9)
+  np.testing.assert_array_equal(final, first)          # frozen after the stop
+  assert float(hist.max_move[0]) < 1.0 and float(jnp.sum(hist.max_move[1:])) == 0.0
+
+
+def test_run_langevin_vmaps_over_keys():
+  omega, x, y = _problem()
+  run = lambda k: langevin.run_langevin(k, omega, x, y, feature_map='rff', lam=0.5,
+                                        step_size=0.01, beta=10.0, radius=3.0,
+                                        batch_size=20, num_epochs=2)[0]
+  keys = jax.random.split(jax.random.key(3), 3)
+  batched = jax.vmap(run)(keys)
+  np.testing.assert_allclose(batched[1], run(keys[1]), rtol=1e-5, atol=1e-6)
+
+
+def test_gibbs_resample_frequencies_and_beta_inf():
+  omega, x, y = _problem(num_particles=5)
+  kw = dict(feature_map='rff', lam=0.5)
+  u = hl.particle_potentials(omega, x, y, **kw)
+  beta = 5.0 / float(jnp.std(u))                        # weights neither flat nor degenerate
+  samples, idx = langevin.gibbs_resample(jax.random.key(0), omega, x, y, 20000, beta=beta,
+                                         **kw)
+  np.testing.assert_array_equal(samples, omega[idx])
+  p = np.asarray(jax.nn.softmax(-beta * u))
+  freq = np.bincount(np.asarray(idx), minlength=5) / 20000
+  np.testing.assert_array_less(np.abs(freq - p), 5 * np.sqrt(p * (1 - p) / 20000) + 1e-12)
+  _, idx_inf = langevin.gibbs_resample(jax.random.key(1), omega, x, y, 7, beta=jnp.inf, **kw)
+  np.testing.assert_array_equal(idx_inf, np.full(7, int(jnp.argmin(u))))
+
+
+def test_transform_matches_step_and_composes_with_partition():
+  omega, x, y = _problem()
+  params = {'particles': omega, 'dense': jnp.ones((3,))}
+  tx = optax.partition(
+      {'particles': langevin.langevin_transform(jax.random.key(0), step_size=0.05,
+                                                beta=jnp.inf, radius=2.0, clip_norm=1.0),
+       'rest': optax.set_to_zero()},
+      {'particles': 'particles', 'dense': 'rest'})
+  state = tx.init(params)
+  grads = {'particles': jax.grad(lambda w: hl.hamiltonian(w, x, y, feature_map='rff',
+                                                          lam=0.5))(omega),
+           'dense': jnp.ones((3,))}
+  updates, state = jax.jit(tx.update)(grads, state, params)
+  new = optax.apply_updates(params, updates)
+  expected = langevin.langevin_step(jax.random.key(0), omega, grads['particles'],
+                                    step_size=0.05, beta=jnp.inf, radius=2.0, clip_norm=1.0)
+  np.testing.assert_allclose(new['particles'], expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(new['dense'], params['dense'])
+
+
+def test_transform_noise_is_keyed_and_advances():
+  params = {'a': jnp.zeros((4, 2)), 'b': jnp.zeros((2, 5, 3))}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  tx = langevin.langevin_transform(jax.random.key(0), step_size=0.1, beta=1.0, radius=10.0)
+  state = tx.init(params)
+  u1, state1 = tx.update(zeros, state, params)
+  u1_again, _ = tx.update(zeros, state, params)
+  u2, _ = tx.update(zeros, state1, params)
+  np.testing.assert_array_equal(u1['a'], u1_again['a'])
+  assert not np.allclose(u1['a'], u2['a']) and not np.allclose(u1['a'], u1['b'][0, :4, :2])
+  assert int(state1.count) == 1
+  with pytest.raises(ValueError, match='params'):
+    tx.update(zeros, state, None)
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(step_size=0.0), r'step_size must be > 0, got 0\.0'),
+    (dict(beta=-1.0), r'beta must be > 0, got -1\.0'),
+    (dict(beta=0.0), r'beta must be > 0, got 0\.0'),
+    (dict(radius=0.0), r'radius must be > 0, got 0\.0'),
+    (dict(clip_norm=-1.0), r'clip_norm must be > 0, got -1\.0'),
+])
+def test_bad_step_arguments(kwargs, match):
+  args = dict(step_size=0.1, beta=1.0, radius=1.0) | kwargs
+  omega = jnp.zeros((3, 2))
+  with pytest.raises(ValueError, match=match):
+    langevin.langevin_step(jax.random.key(0), omega, omega, **args)
+  with pytest.raises(ValueError, match=match):
+    langevin.langevin_transform(jax.random.key(0), **args)
+  x, y = jnp.ones((4, 2)), jnp.ones(4)
+  with pytest.raises(ValueError, match=match):
+    langevin.run_langevin(jax.random.key(0), omega, x, y, feature_map='rff', lam=0.1, **args)
+
+
+def test_bad_shapes_and_sizes():
+  omega, x, y = _problem()
+  kw = dict(feature_map='rff', lam=0.1, step_size=0.1, beta=1.0, radius=1.0)
+  with pytest.raises(ValueError, match='grad must have the shape of omega'):
+    langevin.langevin_step(jax.random.key(0), omega, omega[:3], step_size=0.1, beta=1.0,
+                           radius=1.0)
+  with pytest.raises(ValueError, match='y has 39 labels but x has 40 samples'):
+    langevin.run_langevin(jax.random.key(0), omega, x, y[1:], **kw)
+  with pytest.raises(ValueError, match='batch_size must be in'):
+    langevin.run_langevin(jax.random.key(0), omega, x, y, batch_size=100, **kw)
+  with pytest.raises(ValueError, match='num_samples must be >= 1'):
+    langevin.gibbs_resample(jax.random.key(0), omega, x, y, 0, beta=1.0, feature_map='rff',
+                            lam=0.1)

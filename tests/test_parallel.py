@@ -1,0 +1,72 @@
+"""Tests of coulomb_jax.parallel on 8 fake CPU devices (in a subprocess)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from coulomb_jax import parallel
+
+_SCRIPT = textwrap.dedent('''
+    import math
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import AxisType, Mesh
+    import coulomb_jax as cj
+    from coulomb_jax import hamiltonian as hl, parallel
+
+    assert jax.device_count() == 8, jax.devices()
+    ko, kx = jax.random.split(jax.random.key(0))
+    omega = 1.2 * cj.sample_gaussian(ko, 32, 4)
+    x = jax.random.normal(kx, (50, 4))
+    y = jnp.sign(jnp.sin(2 * x[:, 0]) + x[:, 1] * x[:, 2])
+    key = jax.random.key(42)
+    cases = [
+        dict(feature_map='rff', lam=0.5, s='coulomb', beta=20.0, clip_norm=None),
+        dict(feature_map='favor', lam=1.0, s=1.0, beta=math.inf, clip_norm=0.05),
+        dict(feature_map='softmaxfeat', lam=0.3, s=0.0, beta=50.0, clip_norm=None),
+    ]
+    for case in cases:
+        kw = dict(case, step_size=0.05, radius=1.5)
+        energy = dict(feature_map=kw['feature_map'], lam=kw['lam'], s=kw['s'])
+        grad = jax.grad(lambda w: hl.hamiltonian(w, x, y, **energy))(omega)
+        ref = cj.langevin_step(key, omega, grad, step_size=0.05, beta=kw['beta'],
+                               radius=1.5, clip_norm=kw['clip_norm'])
+        assert float(jnp.max(jnp.abs(ref - omega))) > 1e-3   # the step does move
+
+        pm = jax.pmap(lambda k, w: parallel.sharded_langevin_step(k, w, x, y, axis_name='p',
+                                                                   **kw),
+                      axis_name='p', in_axes=(None, 0))
+        out_pmap = pm(key, omega.reshape(8, 4, 4)).reshape(32, 4)
+        err = float(jnp.max(jnp.abs(out_pmap - ref)))
+        assert err < 1e-5, ('pmap', case['feature_map'], err)
+
+        for axis_type in (AxisType.Explicit, AxisType.Auto):
+            mesh = jax.make_mesh((8,), ('p',), axis_types=(axis_type,))
+            out = jax.jit(lambda k, w: parallel.langevin_step_on_mesh(
+                k, w, x, y, mesh=mesh, axis_name='p', **kw))(key, omega)
+            err = float(jnp.max(jnp.abs(out - ref)))
+            assert err < 1e-5, ('shard_map', axis_type, case['feature_map'], err)
+        print('ok', case['feature_map'])
+    print('all ok')
+''')
+
+
+def test_sharded_updates_equal_single_device_on_8_fake_devices():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             JAX_PLATFORMS='cpu')
+  proc = subprocess.run([sys.executable, '-c', _SCRIPT], env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert 'all ok' in proc.stdout
+
+
+def test_mesh_size_must_divide_particles():
+  mesh = jax.sharding.AbstractMesh((3,), ('p',))
+  with pytest.raises(ValueError, match='omega has 5 particles, not divisible by the 3 devices'):
+    parallel.langevin_step_on_mesh(
+        jax.random.key(0), jnp.ones((5, 2)), jnp.ones((4, 2)), jnp.ones(4), mesh=mesh,
+        axis_name='p', feature_map='rff', lam=0.1, step_size=0.1, beta=1.0, radius=1.0)
