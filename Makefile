@@ -22,4 +22,5 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests
 
 bench: $(STAMP)
-	$(VENV)/bin/python -m benchmarks.hamiltonian --out=benchmarks/results
+	$(VENV)/bin/python -m benchmarks.hamiltonian --feature_map=rff --out=benchmarks/results
+	$(VENV)/bin/python -m benchmarks.hamiltonian --feature_map=favor --out=benchmarks/results

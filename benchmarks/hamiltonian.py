@@ -2,15 +2,16 @@ r"""Time of one jitted H + ∇H: the O(n·F) alignment against the naive n×n fo
 
   python -m benchmarks.hamiltonian --out=benchmarks/results
 
-For each n (samples) and N (particles), d = 64, random Fourier features, λ = 0.5,
-s = "coulomb": the median wall time of ``jax.value_and_grad`` of
+For each n (samples) and N (particles), d = 64, a feature map (``--feature_map``,
+default random Fourier features), λ = 0.5, s = "coulomb": the median wall time of
+``jax.value_and_grad`` of
 
 * fast:  the library's ``hamiltonian`` (A via ‖Φᵀy‖², never an n×n matrix);
 * naive: the same H with the alignment computed from the kernel matrix K = ΦΦᵀ,
   A = (yᵀKy − Σ_i y_i² K_ii) / (n(n−1)).
 
-Prints a markdown table and writes ``hamiltonian.json`` and ``hamiltonian.md``
-into ``--out``. Times are after one warm-up call, each call ended by
+Prints a markdown table and writes ``hamiltonian_<map>.json`` and
+``hamiltonian_<map>.md`` into ``--out``. Times are after one warm-up call, each call ended by
 ``block_until_ready``.
 """
 
@@ -36,13 +37,14 @@ _NUMS = flags.DEFINE_list('num_particles', ['64', '256', '1024'], 'Numbers of pa
 _DIM = flags.DEFINE_integer('dim', 64, 'Input and particle dimension d.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per case (median reported).')
 _NAIVE_MAX_N = flags.DEFINE_integer('naive_max_n', 8000, 'Skip the naive form above this n.')
+_MAP = flags.DEFINE_string('feature_map', 'rff', 'Feature map name (coulomb_jax.features).')
 
 LAM, S = 0.5, 'coulomb'
 
 
 def naive_hamiltonian(omega, x, y):
   """H with the alignment from the explicit n×n kernel matrix."""
-  phi = cj.features.rff(x, omega)
+  phi = cj.get_feature_map(_MAP.value)(x, omega)
   k = phi @ phi.T
   n = x.shape[0]
   a = (y @ k @ y - jnp.sum(jnp.square(y) * jnp.diag(k))) / (n * (n - 1))
@@ -50,7 +52,7 @@ def naive_hamiltonian(omega, x, y):
 
 
 def fast_hamiltonian(omega, x, y):
-  return hl.hamiltonian(omega, x, y, feature_map='rff', lam=LAM, s=S)
+  return hl.hamiltonian(omega, x, y, feature_map=_MAP.value, lam=LAM, s=S)
 
 
 def median_seconds(fn, *args, repeats):
@@ -109,18 +111,21 @@ def main(argv):
                  f'| {speedup} |')
   table = '\n'.join(lines)
   print(table)
-  record = {'benchmark': 'hamiltonian', 'command': 'python -m benchmarks.hamiltonian '
-            + ' '.join(f'--{k}={v}' for k, v in (('n', ','.join(_NS.value)),
+  record = {'benchmark': 'hamiltonian', 'feature_map': _MAP.value,
+            'command': 'python -m benchmarks.hamiltonian '
+            + ' '.join(f'--{k}={v}' for k, v in (('feature_map', _MAP.value),
+                                                  ('n', ','.join(_NS.value)),
                                                   ('num_particles', ','.join(_NUMS.value)),
                                                   ('dim', _DIM.value),
                                                   ('repeats', _REPEATS.value))),
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': commit(), 'machine': machine(), 'rows': rows}
   os.makedirs(_OUT.value, exist_ok=True)
-  with open(os.path.join(_OUT.value, 'hamiltonian.json'), 'w') as f:
+  stem = os.path.join(_OUT.value, f'hamiltonian_{_MAP.value}')
+  with open(stem + '.json', 'w') as f:
     json.dump(record, f, indent=1)
-  with open(os.path.join(_OUT.value, 'hamiltonian.md'), 'w') as f:
-    f.write(f"# H + ∇H benchmark\n\nCommand: `{record['command']}`  \n"
+  with open(stem + '.md', 'w') as f:
+    f.write(f"# H + ∇H benchmark ({_MAP.value})\n\nCommand: `{record['command']}`  \n"
             f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
             f"Machine: {json.dumps(record['machine'])}\n\n{table}\n")
 
