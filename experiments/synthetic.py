@@ -1,0 +1,253 @@
+r"""The synthetic study: learned Coulomb particles against fixed and learned baselines.
+
+  python -m experiments.synthetic --config=configs/synthetic.py --workdir=workdir/synthetic
+
+For every noise level σ and seed it draws train / validation / test sets
+(``coulomb_jax.synthetic``) and evaluates, all followed by the same linear
+classifier (scikit-learn L2 logistic regression, C chosen on validation):
+
+* ``logreg``: raw x;  ``rbf_svm``: an SVM with the RBF kernel, γ = 0.5;
+* ``mkl``: an SVM on Σ_j μ_j K_j, Gaussian kernels K_j at several bandwidths with
+  μ_j ∝ max(0, centered alignment of K_j with yyᵀ) on the training set (the
+  "align" heuristic of Cortes, Mohri & Rostamizadeh 2012);
+* per feature budget N: ``rff`` (fixed ω ~ N(0, σ_k⁻² I), σ_k chosen on
+  validation), ``importance`` (Sinha & Duchi 2016, started from the same σ_k)
+  and ``coulomb`` (projected Langevin from the same initial draw as ``rff``,
+  for every λ of the ablation).
+
+Records are appended to ``records.jsonl`` as each (σ, seed) cell finishes, so a
+killed run resumes where it stopped; at the end ``results.json``,
+``results.md`` and the figures are written by ``experiments.synthetic_report``.
+"""
+
+import json
+import math
+import os
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+import numpy as np
+from sklearn import linear_model
+from sklearn import metrics
+from sklearn import svm
+
+import coulomb_jax as cj
+from coulomb_jax import importance_sampling
+from coulomb_jax import synthetic
+from experiments import synthetic_report
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Study config.', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for records, results and figures.')
+
+METHODS = ('logreg', 'rbf_svm', 'mkl', 'rff', 'importance', 'coulomb')
+
+
+def _scores(predict, split):
+  x, y = split
+  pred = predict(x)
+  return float(metrics.accuracy_score(y, pred)), float(metrics.f1_score(y, pred, pos_label=1))
+
+
+def select_on_validation(make_model, c_grid, train, val, test):
+  """Fits one model per C on train, keeps the best validation accuracy, scores test."""
+  best = None
+  for c in c_grid:
+    model = make_model(c).fit(*train)
+    val_acc = float(metrics.accuracy_score(val[1], model.predict(val[0])))
+    if best is None or val_acc > best[0]:
+      best = (val_acc, c, model)
+  val_acc, c, model = best
+  test_acc, test_f1 = _scores(model.predict, test)
+  return {'C': c, 'val_accuracy': val_acc, 'test_accuracy': test_acc, 'test_f1': test_f1}
+
+
+def linear_classifier(config, feats):
+  """L2 logistic regression on features ``feats = {split: (F, y)}``, C on validation."""
+  make = lambda c: linear_model.LogisticRegression(C=c, max_iter=config.classifier.max_iter)
+  return select_on_validation(make, config.classifier.c_grid, feats['train'], feats['val'],
+                              feats['test'])
+
+
+def _np_splits(splits, transform=lambda x: x):
+  return {k: (np.asarray(transform(x)), np.asarray(y)) for k, (x, y) in splits.items()}
+
+
+def gaussian_kernel(a, b, bandwidth):
+  sq = np.sum(a ** 2, 1)[:, None] + np.sum(b ** 2, 1)[None, :] - 2 * a @ b.T
+  return np.exp(-np.maximum(sq, 0) / (2 * bandwidth ** 2))
+
+
+def run_mkl(config, data):
+  """Alignment-weighted sum of Gaussian kernels + SVM (precomputed kernel)."""
+  x_tr, y_tr = data['train']
+  ktr = [gaussian_kernel(x_tr, x_tr, b) for b in config.mkl.bandwidths]
+  rho = np.array([float(cj.centered_alignment(k, np.outer(y_tr, y_tr))) for k in ktr])
+  mu = np.maximum(rho, 0)
+  mu = mu / mu.sum() if mu.sum() > 0 else np.full(len(mu), 1 / len(mu))
+  combine = lambda x: sum(m * gaussian_kernel(x, x_tr, b)
+                          for m, b in zip(mu, config.mkl.bandwidths))
+  feats = {k: (combine(x), y) for k, (x, y) in data.items()}
+  make = lambda c: svm.SVC(kernel='precomputed', C=c)
+  out = select_on_validation(make, config.mkl.c_grid, feats['train'], feats['val'],
+                             feats['test'])
+  out['weights'] = [float(m) for m in mu]
+  return out
+
+
+def _timed(fn, warm, shape_key):
+  """(fn(), seconds); the first call per ``shape_key`` compiles and is not timed."""
+  if shape_key not in warm:
+    jax.block_until_ready(fn())
+    warm.add(shape_key)
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return out, time.perf_counter() - start
+
+
+def run_cell(config, seed, noise_index, warm):
+  """All methods on one (σ, seed) data set. Returns (records, Langevin histories)."""
+  noise = config.data.noise_levels[noise_index]
+  key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), seed), noise_index)
+  data_key, feat_key, run_key = jax.random.split(key, 3)
+  dcfg = config.data
+  data = _np_splits(synthetic.make_splits(data_key, num_train=dcfg.num_train,
+                                          num_val=dcfg.num_val, num_test=dcfg.num_test,
+                                          dim=dcfg.dim, noise=noise))
+  base = {'noise': noise, 'noise_index': noise_index, 'seed': seed}
+  records, histories = [], {}
+
+  def add(method, result, **extra):
+    records.append({**base, 'method': method, **extra, **result})
+
+  if 'logreg' in config.methods:
+    add('logreg', linear_classifier(config, data))
+  if 'rbf_svm' in config.methods:
+    make = lambda c: svm.SVC(kernel='rbf', gamma=config.rbf_svm.gamma, C=c)
+    add('rbf_svm', select_on_validation(make, config.rbf_svm.c_grid, data['train'],
+                                        data['val'], data['test']))
+  if 'mkl' in config.methods:
+    add('mkl', run_mkl(config, data))
+
+  x_tr, y_tr = (jnp.asarray(a) for a in data['train'])
+  dim = dcfg.dim
+  for budget in config.features.budgets:
+    z = cj.sample_gaussian(jax.random.fold_in(feat_key, budget), budget, dim)
+    # Fixed RFF: the bandwidth (and C) with the best validation accuracy.
+    best = None
+    for bw in config.features.bandwidths:
+      res = linear_classifier(config, _np_splits(data, lambda x: cj.features.rff(x, z / bw)))
+      if best is None or res['val_accuracy'] > best[1]['val_accuracy']:
+        best = (bw, res)
+    bw, res = best
+    if 'rff' in config.methods:
+      add('rff', res, budget=budget, bandwidth=bw, seconds=0.0)
+    if 'importance' in config.methods:
+      nw = config.importance.candidates_factor * budget
+      sample = lambda: importance_sampling.importance_sample(
+          jax.random.fold_in(run_key, budget), x_tr, y_tr, budget, num_candidates=nw,
+          scale=1.0 / bw, rho=config.importance.rho_factor * nw)
+      (w, b, _), secs = _timed(sample, warm, ('importance', budget))
+      feats = _np_splits(data, lambda x: importance_sampling.cosine_features(x, w, b))
+      add('importance', linear_classifier(config, feats), budget=budget, bandwidth=bw,
+          seconds=secs)
+    if 'coulomb' in config.methods:
+      lcfg, hcfg = config.langevin, config.hamiltonian
+      omega0 = z / bw
+      for lam in hcfg.lams:
+        run = lambda: cj.run_langevin(
+            jax.random.fold_in(run_key, 1000 + budget), omega0, x_tr, y_tr,
+            feature_map='rff', lam=lam, s=hcfg.s, softening=hcfg.softening,
+            step_size=lcfg.step_size, beta=lcfg.beta,
+            radius=lcfg.radius_scale * math.sqrt(dim) / bw, clip_norm=lcfg.clip_norm,
+            batch_size=lcfg.batch_size, num_epochs=lcfg.num_epochs, tol=lcfg.tol)
+        (omega, hist), secs = _timed(run, warm, ('coulomb', budget))
+        feats = _np_splits(data, lambda x: cj.features.rff(x, omega))
+        add('coulomb', linear_classifier(config, feats), budget=budget, bandwidth=bw,
+            lam=lam, seconds=secs, steps=int(hist.active.sum()),
+            final_alignment=float(hist.alignment[-1]),
+            final_repulsion=float(hist.repulsion[-1]))
+        histories[f'N={budget},lam={lam}'] = {
+            k: np.asarray(v).tolist() for k, v in hist._asdict().items()
+            if k in ('hamiltonian', 'alignment', 'repulsion', 'max_move')}
+  return records, histories
+
+
+def _load_done(path):
+  """Records and finished cells from a previous (possibly killed) run."""
+  records, done = [], set()
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:     # a line cut by a kill: that cell is redone
+          continue
+        if row.get('cell_done'):
+          done.add((row['noise_index'], row['seed']))
+        else:
+          records.append(row)
+  records = [r for r in records if (r['noise_index'], r['seed']) in done]
+  return records, done
+
+
+def run_study(config, workdir):
+  """Runs (or resumes) the study; returns the results dict written to results.json."""
+  unknown = set(config.methods) - set(METHODS)
+  if unknown:
+    raise ValueError(f'config.methods: unknown {sorted(unknown)}; known: {list(METHODS)}.')
+  synthetic.make_classification(jax.random.key(0), 1, config.data.dim, 0.0)  # checks dim
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, 'records.jsonl')
+  records, done = _load_done(path)
+  # Rewrite the file with complete cells only, so a cut line never stays behind.
+  with open(path + '.tmp', 'w') as f:
+    for r in records:
+      f.write(json.dumps(r) + '\n')
+    for noise_index, seed in sorted(done):
+      f.write(json.dumps({'cell_done': True, 'noise_index': noise_index, 'seed': seed}) + '\n')
+  os.replace(path + '.tmp', path)
+  if done:
+    print(f'resuming: {len(done)} cells already done', flush=True)
+
+  trace_cell = (config.report.noise_index, 0)
+  histories, warm, start = {}, set(), time.perf_counter()
+  cells = [(i, s) for i in range(len(config.data.noise_levels)) for s in range(config.num_seeds)]
+  for count, (noise_index, seed) in enumerate(cells, 1):
+    if (noise_index, seed) in done:
+      continue
+    cell_records, cell_hist = run_cell(config, seed, noise_index, warm)
+    if (noise_index, seed) == trace_cell:
+      histories = cell_hist
+    with open(path, 'a') as f:
+      for r in cell_records:
+        f.write(json.dumps(r) + '\n')
+      f.write(json.dumps({'cell_done': True, 'noise_index': noise_index, 'seed': seed}) + '\n')
+    records.extend(cell_records)
+    print(synthetic_report.progress_line(cell_records, count, len(cells),
+                                         time.perf_counter() - start), flush=True)
+  if histories:
+    _write_json(os.path.join(workdir, 'histories.json'), histories)
+  results = synthetic_report.write_report(config, records, workdir)
+  print(results['markdown_summary'])
+  return results
+
+
+def _write_json(path, obj):
+  with open(path + '.tmp', 'w') as f:
+    json.dump(obj, f)
+  os.replace(path + '.tmp', path)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  run_study(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)
