@@ -1,22 +1,22 @@
 # Two entry points, each installing what it needs into .venv first (idempotent:
 # the install reruns only when setup.py changes).
-#   make run   - the main job on its embedded default config
+#   make run   - the main job: the synthetic study's quick variant
 #   make test  - the test suite
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
-WORKDIR ?= workdir/default
+WORKDIR ?= workdir/quick
 
 .PHONY: run test bench
 
 $(STAMP): setup.py
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[test,experiments]'
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/python -m experiments.main --config=configs/default.py --workdir=$(WORKDIR)
+	$(VENV)/bin/python -m experiments.synthetic --config=configs/synthetic.py:quick --workdir=$(WORKDIR)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests

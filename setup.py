@@ -24,6 +24,11 @@ setuptools.setup(
         'absl-py>=2.0',
     ],
     extras_require={
-        'test': ['pytest>=8', 'hypothesis>=6'],
+        # The synthetic study's baselines (logistic regression, SVMs) and figures:
+        # scikit-learn and matplotlib do these better than code we would write.
+        'experiments': ['scikit-learn>=1.3', 'matplotlib>=3.7', 'scipy>=1.10'],
+        # nbclient/nbformat/ipykernel execute the Colab notebooks in the test suite.
+        'test': ['pytest>=8', 'hypothesis>=6', 'nbclient>=0.9', 'nbformat>=5.9',
+                 'ipykernel>=6.25'],
     },
 )

@@ -8,6 +8,9 @@ r"""The paper's synthetic classification problem, as a pure keyed generator.
 with p ≥ 5: coordinates 6..p carry no signal (a learned kernel can learn to
 ignore them; a fixed isotropic one cannot). ``NOISE_LEVELS`` is the paper's grid
 σ ∈ logspace(−5, 5, 10). Labels are in {−1, +1} (sign(0) is taken as +1).
+
+``make_classification_2d`` is the two-dimensional version for pictures (the
+Colab notebook): f₂(x) = sin(2x₁) + x₁x₂, so particles and inputs share the plane.
 """
 
 from typing import Dict, Tuple
@@ -39,6 +42,24 @@ def make_classification(key: jax.Array, num_samples: int, dim: int,
   kx, ke = jax.random.split(key)
   x = jax.random.normal(kx, (int(num_samples), int(dim)), jnp.float32)
   z = target_function(x) + noise * jax.random.normal(ke, (int(num_samples),), jnp.float32)
+  return x, jnp.where(z >= 0, 1.0, -1.0).astype(jnp.float32)
+
+
+def target_function_2d(x: jax.Array) -> jax.Array:
+  """f₂(x) = sin(2x₁) + x₁x₂ for ``x: [..., 2]`` → ``[...]``."""
+  return jnp.sin(2.0 * x[..., 0]) + x[..., 0] * x[..., 1]
+
+
+def make_classification_2d(key: jax.Array, num_samples: int,
+                           noise: float) -> Tuple[jax.Array, jax.Array]:
+  """The 2-D version: ``x: [n, 2]`` ~ N(0, I₂), ``y = sign(f₂(x) + σε)`` in {−1, +1}."""
+  if int(num_samples) < 1:
+    raise ValueError(f'num_samples must be >= 1, got {num_samples!r}.')
+  if not float(noise) >= 0:
+    raise ValueError(f'noise must be >= 0, got {noise!r}.')
+  kx, ke = jax.random.split(key)
+  x = jax.random.normal(kx, (int(num_samples), 2), jnp.float32)
+  z = target_function_2d(x) + noise * jax.random.normal(ke, (int(num_samples),), jnp.float32)
   return x, jnp.where(z >= 0, 1.0, -1.0).astype(jnp.float32)
 
 

@@ -194,12 +194,29 @@ def _load_done(path):
   return records, done
 
 
-def run_study(config, workdir):
-  """Runs (or resumes) the study; returns the results dict written to results.json."""
+def check_config(config):
+  """One clear error per bad field, before anything is computed or written."""
   unknown = set(config.methods) - set(METHODS)
   if unknown:
     raise ValueError(f'config.methods: unknown {sorted(unknown)}; known: {list(METHODS)}.')
-  synthetic.make_classification(jax.random.key(0), 1, config.data.dim, 0.0)  # checks dim
+  if config.data.dim < synthetic.MIN_DIM:
+    raise ValueError(f'config.data.dim must be >= {synthetic.MIN_DIM}, got {config.data.dim}.')
+  if config.num_seeds < 1:
+    raise ValueError(f'config.num_seeds must be >= 1, got {config.num_seeds}.')
+  if not 0 <= config.report.noise_index < len(config.data.noise_levels):
+    raise ValueError(f'config.report.noise_index must index config.data.noise_levels '
+                     f'({len(config.data.noise_levels)} levels), got {config.report.noise_index}.')
+  if config.report.ablation_budget not in config.features.budgets:
+    raise ValueError(f'config.report.ablation_budget must be one of config.features.budgets '
+                     f'{list(config.features.budgets)}, got {config.report.ablation_budget}.')
+  if min(config.data.num_train, config.data.num_val, config.data.num_test) < 2:
+    raise ValueError(f'config.data sizes must be >= 2, got {config.data}.')
+
+
+def run_study(config, workdir):
+  """Runs (or resumes) the study; returns the results dict written to results.json."""
+  check_config(config)
+  meta = synthetic_report.run_metadata()
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, 'records.jsonl')
   records, done = _load_done(path)
@@ -231,7 +248,7 @@ def run_study(config, workdir):
                                          time.perf_counter() - start), flush=True)
   if histories:
     _write_json(os.path.join(workdir, 'histories.json'), histories)
-  results = synthetic_report.write_report(config, records, workdir)
+  results = synthetic_report.write_report(config, records, workdir, meta)
   print(results['markdown_summary'])
   return results
 

@@ -239,17 +239,25 @@ def _save(fig, workdir, name):
   return path
 
 
-def write_report(config, records, workdir):
-  """Writes results.json, results.md and the figures; returns the results dict."""
+def run_metadata():
+  """Command, commit, start date and machine: taken when a run starts."""
   import jax                                          # pylint: disable=g-import-not-at-top
-  records = with_selected_lambda(records)
-  md = tables(config, records)
-  meta = {'command': ' '.join(['python'] + sys.argv) if sys.argv else '',
+  return {'command': ' '.join(['python', '-m', 'experiments.synthetic'] + sys.argv[1:]),
           'commit': _commit(),
           'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
           'machine': {'processor': platform.processor() or platform.machine(),
                       'cpu_count': os.cpu_count(), 'python': platform.python_version(),
                       'jax': jax.__version__, 'backend': jax.default_backend()}}
+
+
+def write_report(config, records, workdir, meta):
+  """Writes results.json, results.md and the figures; returns the results dict.
+
+  ``meta`` (``run_metadata()`` of the run that produced the records) is copied
+  into both files, so a rebuilt report keeps the run's command and commit.
+  """
+  records = with_selected_lambda(records)
+  md = tables(config, records)
   results = {**meta, 'config': config.to_dict(),
              'records': [r for r in records if r['method'] != SELECTED],
              'markdown_summary': md}
@@ -270,10 +278,12 @@ def main(argv):
   workdir = flags.FLAGS.workdir
   import ml_collections                                # pylint: disable=g-import-not-at-top
   with open(os.path.join(workdir, 'results.json')) as f:
-    config = ml_collections.ConfigDict(json.load(f)['config'])
+    previous = json.load(f)
+  config = ml_collections.ConfigDict(previous['config'])
+  meta = {k: previous[k] for k in ('command', 'commit', 'date', 'machine')}
   from experiments import synthetic                   # pylint: disable=g-import-not-at-top
   records, _ = synthetic._load_done(os.path.join(workdir, 'records.jsonl'))  # pylint: disable=protected-access
-  print(write_report(config, records, workdir)['markdown_summary'])
+  print(write_report(config, records, workdir, meta)['markdown_summary'])
 
 
 if __name__ == '__main__':

@@ -44,3 +44,11 @@ def test_bad_input():
     synthetic.make_classification(jax.random.key(0), 10, 4, 0.1)
   with pytest.raises(ValueError, match='noise must be >= 0'):
     synthetic.make_classification(jax.random.key(0), 10, 5, -1.0)
+
+
+def test_2d_version():
+  x, y = synthetic.make_classification_2d(jax.random.key(4), 500, 0.0)
+  assert x.shape == (500, 2) and set(np.unique(y)) == {-1.0, 1.0}
+  np.testing.assert_array_equal(y, jnp.where(synthetic.target_function_2d(x) >= 0, 1.0, -1.0))
+  with pytest.raises(ValueError, match='noise must be >= 0'):
+    synthetic.make_classification_2d(jax.random.key(0), 10, -1.0)
