@@ -6,15 +6,19 @@ Langevin dynamics; the learned feature map can then be used in any kernel
 method or in linear attention.
 
 Modules: ``features``, ``alignment``, ``repulsion``, ``hamiltonian``,
-``langevin``, ``parallel``. The most used names are re-exported here.
+``langevin``, ``parallel``, ``diagnostics``, ``synthetic``,
+``importance_sampling`` (a baseline; import it explicitly). The most used names
+are re-exported here.
 """
 
 from coulomb_jax import alignment
+from coulomb_jax import diagnostics
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import parallel
 from coulomb_jax import repulsion
+from coulomb_jax import synthetic
 from coulomb_jax.alignment import centered_alignment, target_alignment
 from coulomb_jax.features import (FEATURE_MAPS, get_feature_map, sample_gaussian,
                                   sample_orthogonal)

@@ -239,10 +239,10 @@ def _save(fig, workdir, name):
   return path
 
 
-def run_metadata():
-  """Command, commit, start date and machine: taken when a run starts."""
+def run_metadata(module='experiments.synthetic'):
+  """Command, commit, start date and machine: taken when a run of ``module`` starts."""
   import jax                                          # pylint: disable=g-import-not-at-top
-  return {'command': ' '.join(['python', '-m', 'experiments.synthetic'] + sys.argv[1:]),
+  return {'command': ' '.join(['python', '-m', module] + sys.argv[1:]),
           'commit': _commit(),
           'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
           'machine': {'processor': platform.processor() or platform.machine(),

@@ -1,0 +1,175 @@
+r"""The paper's theory, measured: three figures for docs/theory.md.
+
+  python -m experiments.theory --config=configs/theory.py --workdir=workdir/theory
+
+1. Free energy F_β = H − β⁻¹·ĥ along a run (ĥ the k-NN entropy of the cloud;
+   ``diagnostics.free_energy``): the McKean–Vlasov flow decreases F_β.
+2. Sliced 2-Wasserstein distance between the final clouds of runs with N and
+   2N particles (same data, independent draws): should shrink as N grows if the
+   empirical measure converges (propagation of chaos).
+3. Spread of the learned kernel matrix across seeds (``diagnostics.kernel_spread``)
+   against N for several β: concentration around a deterministic kernel.
+
+All runs are full batch. Writes ``theory.json`` and ``fig_theory_*.png``.
+"""
+
+import json
+import os
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+import numpy as np
+
+import coulomb_jax as cj
+from coulomb_jax import diagnostics
+from coulomb_jax import hamiltonian as hl
+from coulomb_jax import synthetic
+from experiments import synthetic_report
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Theory config.', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for theory.json and figures.')
+
+
+def _energy_kwargs(config):
+  d = config.dynamics
+  return dict(feature_map=d.feature_map, lam=d.lam, s=d.s, softening=d.softening)
+
+
+def run(config, key, x, y, num_particles, beta, num_epochs):
+  """One full-batch run from ω ~ N(0, σ_k⁻² I); returns the final particles."""
+  d = config.dynamics
+  init_key, run_key = jax.random.split(key)
+  omega = cj.sample_gaussian(init_key, num_particles, x.shape[1]) / d.bandwidth
+  omega, _ = cj.run_langevin(run_key, omega, x, y, **_energy_kwargs(config),
+                             step_size=d.step_size, beta=beta, radius=d.radius,
+                             num_epochs=num_epochs)
+  return omega
+
+
+def free_energy_curves(config, key, x, y):
+  """{β: [(step, H, ĥ, F)]} along one run per β, snapshots every num_steps/num_snapshots."""
+  d = config.dynamics
+  chunk = d.num_steps // d.num_snapshots
+  out = {}
+  for beta in config.free_energy_betas:
+    init_key, run_key = jax.random.split(jax.random.fold_in(key, int(beta)))
+    omega = cj.sample_gaussian(init_key, config.free_energy_particles, x.shape[1]) / d.bandwidth
+    rows = []
+    for snap in range(d.num_snapshots + 1):
+      h = float(hl.hamiltonian(omega, x, y, **_energy_kwargs(config)))
+      ent = float(diagnostics.knn_entropy(omega))
+      rows.append((snap * chunk, h, ent, float(diagnostics.free_energy(h, omega, beta))))
+      if snap < d.num_snapshots:
+        omega, _ = cj.run_langevin(jax.random.fold_in(run_key, snap), omega, x, y,
+                                   **_energy_kwargs(config), step_size=d.step_size, beta=beta,
+                                   radius=d.radius, num_epochs=chunk)
+    out[beta] = rows
+    print(f'free energy, β={beta:g}: F {rows[0][3]:+.4f} → {rows[-1][3]:+.4f}', flush=True)
+  return out
+
+
+def sw_vs_n(config, key, x, y):
+  """{N: [SW₂(run with N, run with 2N) per seed]}."""
+  out = {}
+  for n in config.sw_particles:
+    vals = []
+    for seed in range(config.num_seeds):
+      k = jax.random.fold_in(jax.random.fold_in(key, n), seed)
+      a = run(config, jax.random.fold_in(k, 0), x, y, n, config.sw_beta,
+              config.dynamics.num_steps)
+      b = run(config, jax.random.fold_in(k, 1), x, y, 2 * n, config.sw_beta,
+              config.dynamics.num_steps)
+      vals.append(float(diagnostics.sliced_wasserstein(jax.random.fold_in(k, 2), a, b,
+                                                       config.sw_projections)))
+    out[n] = vals
+    print(f'SW(N={n}, 2N={2 * n}) = {np.mean(vals):.4f} ± {np.std(vals):.4f}', flush=True)
+  return out
+
+
+def spread_vs_n_beta(config, key, x, y, x_eval):
+  """{β: {N: kernel spread across seeds}} of the learned kernel on x_eval."""
+  fm = cj.get_feature_map(config.dynamics.feature_map)
+  out = {}
+  for beta in config.spread_betas:
+    out[beta] = {}
+    for n in config.spread_particles:
+      phis = [fm(x_eval, run(config, jax.random.fold_in(jax.random.fold_in(key, n), seed),
+                             x, y, n, beta, config.dynamics.num_steps))
+              for seed in range(config.num_seeds)]
+      out[beta][n] = float(diagnostics.kernel_spread(jnp.stack(phis)))
+      print(f'kernel spread β={beta:g} N={n}: {out[beta][n]:.4f}', flush=True)
+  return out
+
+
+def figures(results, workdir):
+  import matplotlib                                  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt                    # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+  for beta, rows in results['free_energy'].items():
+    steps, h, ent, f = map(np.asarray, zip(*rows))
+    axes[0].plot(steps, f, label=f'β={float(beta):g}')
+    axes[1].plot(steps, h, label=f'β={float(beta):g}')
+    axes[2].plot(steps, ent, label=f'β={float(beta):g}')
+  for ax, title in zip(axes, ('free energy F = H − ĥ/β', 'H (full batch)', 'k-NN entropy ĥ')):
+    ax.set(xlabel='step', title=title)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, 'fig_theory_free_energy.png'), dpi=90)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(5, 3.6))
+  ns = sorted(int(n) for n in results['sliced_wasserstein'])
+  vals = [results['sliced_wasserstein'][n] for n in ns]
+  ax.errorbar(ns, [np.mean(v) for v in vals], yerr=[np.std(v, ddof=1) if len(v) > 1 else 0
+                                                    for v in vals], marker='o', capsize=3)
+  ax.set(xscale='log', yscale='log', xlabel='N', ylabel='SW₂(run N, run 2N)',
+         title='N vs 2N particle clouds')
+  ax.set_xticks(ns, [str(n) for n in ns])
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, 'fig_theory_sw_vs_n.png'), dpi=90)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(5, 3.6))
+  for beta, by_n in results['kernel_spread'].items():
+    ns = sorted(int(n) for n in by_n)
+    ax.plot(ns, [by_n[n] for n in ns], marker='o', label=f'β={float(beta):g}')
+  ax.set(xscale='log', yscale='log', xlabel='N', ylabel='kernel spread across seeds',
+         title='Concentration of the learned kernel')
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, 'fig_theory_kernel_spread.png'), dpi=90)
+  plt.close(fig)
+
+
+def run_theory(config, workdir):
+  meta = synthetic_report.run_metadata('experiments.theory')
+  key = jax.random.key(config.seed)
+  data_key, eval_key, fe_key, sw_key, spread_key = jax.random.split(key, 5)
+  x, y = synthetic.make_classification(data_key, config.data.num_train, config.data.dim,
+                                       config.data.noise)
+  x_eval, _ = synthetic.make_classification(eval_key, config.data.num_eval, config.data.dim,
+                                            config.data.noise)
+  results = {**meta, 'config': config.to_dict(),
+             'free_energy': free_energy_curves(config, fe_key, x, y),
+             'sliced_wasserstein': sw_vs_n(config, sw_key, x, y),
+             'kernel_spread': spread_vs_n_beta(config, spread_key, x, y, x_eval)}
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'theory.json'), 'w') as f:
+    json.dump(results, f, indent=1)
+  figures(results, workdir)
+  return results
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  run_theory(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)
