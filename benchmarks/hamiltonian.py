@@ -18,9 +18,7 @@ Prints a markdown table and writes ``hamiltonian_<map>.json`` and
 import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import time
 
 from absl import app
@@ -30,6 +28,7 @@ import jax.numpy as jnp
 
 import coulomb_jax as cj
 from coulomb_jax import hamiltonian as hl
+from experiments import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
 _NS = flags.DEFINE_list('n', ['1000', '2000', '4000', '8000'], 'Numbers of samples.')
@@ -63,25 +62,6 @@ def median_seconds(fn, *args, repeats):
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)
   return statistics.median(times)
-
-
-def machine():
-  dev = jax.devices()[0]
-  return {'platform': dev.platform, 'device_kind': dev.device_kind,
-          'device_count': jax.device_count(), 'cpu_count': os.cpu_count(),
-          'processor': platform.processor() or platform.machine(),
-          'python': platform.python_version(), 'jax': jax.__version__}
-
-
-def commit():
-  try:
-    head = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    return head + ('-dirty' if dirty else '')
-  except (OSError, subprocess.CalledProcessError):
-    return 'unknown'
 
 
 def main(argv):
@@ -119,7 +99,7 @@ def main(argv):
                                                   ('dim', _DIM.value),
                                                   ('repeats', _REPEATS.value))),
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            'commit': commit(), 'machine': machine(), 'rows': rows}
+            'commit': provenance.git_commit(), 'machine': provenance.machine(), 'rows': rows}
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, f'hamiltonian_{_MAP.value}')
   with open(stem + '.json', 'w') as f:

@@ -60,6 +60,15 @@ def check_labels(phi_name: str, phi: Any, y_name: str, y: Any) -> None:
         f'{np.shape(phi)[0]} samples (shapes {np.shape(y)} and {np.shape(phi)}).')
 
 
+def check_int(name: str, value: Any, low: int, high: Optional[int] = None) -> int:
+  """An integer (Python or numpy, not bool) in [low, high]; returned as ``int``."""
+  ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+  if not ok or value < low or (high is not None and value > high):
+    bound = f'in [{low}, {high}]' if high is not None else f'>= {low}'
+    raise ValueError(f'{name} must be an integer {bound}, got {value!r}.')
+  return int(value)
+
+
 def check_positive(name: str, value: Any) -> None:
   v = concrete_float(value)
   if v is not None and not v > 0:  # `not >` also rejects NaN.

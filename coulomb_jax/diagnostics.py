@@ -29,14 +29,6 @@ def _compute_dtype(*xs):
   return jnp.promote_types(jnp.result_type(*xs), jnp.float32)
 
 
-def _check_int(name, value, low, high=None):
-  """``low <= value (<= high)`` for a Python int, else ValueError naming it."""
-  ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-  if not ok or value < low or (high is not None and value > high):
-    bound = f'in [{low}, {high}]' if high is not None else f'>= {low}'
-    raise ValueError(f'{name} must be an integer {bound}, got {value!r}.')
-
-
 def _kth_neighbour_sq_dist(points: jax.Array, k: int) -> jax.Array:
   """``[N]`` squared distance from each point to its k-th nearest *other* point.
 
@@ -78,7 +70,7 @@ def knn_entropy(points: jax.Array, k: int = 1) -> jax.Array:
   num, dim = points.shape
   if num < 2:
     raise ValueError(f'points must hold at least 2 points, got shape {points.shape}.')
-  _check_int('k', k, 1, num - 1)
+  _checks.check_int('k', k, 1, num - 1)
   dtype = _compute_dtype(points)
   points = jnp.asarray(points, dtype)
   sq = jnp.maximum(_kth_neighbour_sq_dist(points, k), jnp.finfo(dtype).tiny)
@@ -108,7 +100,7 @@ def free_energy(energy: jax.Array, points: jax.Array, beta: float, k: int = 1) -
   _checks.check_positive('beta', beta)
   energy = jnp.asarray(energy, _compute_dtype(energy))
   if _checks.concrete_float(beta) == math.inf:
-    _check_int('k', k, 1, points.shape[0] - 1)
+    _checks.check_int('k', k, 1, points.shape[0] - 1)
     return energy
   return energy - knn_entropy(points, k) / beta
 
@@ -137,7 +129,7 @@ def sliced_wasserstein(key: jax.Array, a: jax.Array, b: jax.Array,
   _checks.check_particles('a', a)
   _checks.check_particles('b', b)
   _checks.check_same_last_dim('a', a, 'b', b)
-  _check_int('num_projections', num_projections, 1)
+  _checks.check_int('num_projections', num_projections, 1)
   dtype = _compute_dtype(a, b)
   (na, dim), nb = a.shape, b.shape[0]
   theta = jax.random.normal(key, (num_projections, dim), dtype)

@@ -187,10 +187,8 @@ def is_separable(feature_map: Union[str, FeatureMap]) -> bool:
 
 
 def _check_sizes(num_particles: int, dim: int) -> None:
-  if int(num_particles) < 1:
-    raise ValueError(f'num_particles must be >= 1, got {num_particles!r}.')
-  if int(dim) < 1:
-    raise ValueError(f'dim must be >= 1, got {dim!r}.')
+  _checks.check_int('num_particles', num_particles, 1)
+  _checks.check_int('dim', dim, 1)
 
 
 def sample_gaussian(key: jax.Array, num_particles: int, dim: int,

@@ -76,17 +76,21 @@ def particle_potentials(
     s: repulsion.Exponent = 'coulomb',
     softening: float = repulsion.DEFAULT_SOFTENING,
 ) -> jax.Array:
-  r"""Each particle's share of H, ``[N]``: U_k = V_D(ω_k) + λ u(ω_k).
+  r"""The potential each particle feels, ``[N]``: U_k = V_D(ω_k) + 2λ·u(ω_k).
 
   * V_D(ω) = −A({ω}): minus the alignment of the one-particle feature map;
   * u(ω_k) = (1/N) Σ_{l≠k} g_s(ω_k − ω_l): the mean-field repulsive potential.
 
-  For separable maps H = (1/N) Σ_k U_k exactly; for ``softmaxfeat`` (whose
-  softmax couples particles) V_D is the one-particle proxy. These potentials
-  define the Gibbs weights ∝ exp(−β U_k) of the final resampling.
+  U_k is the first variation δH/δρ at ω_k: with the other particles held fixed,
+  ∇_{ω_k} U_k = N·∇_{ω_k} H for every separable map, so the Langevin step moves
+  particle k by −η∇U_k + √(2η/β)ξ and its conditional stationary density is
+  ∝ exp(−β U_k). (The factor 2 is the pair counted as (k, l) and (l, k) in W;
+  mean_k U_k = −A + 2λW, not H.) For ``softmaxfeat``, whose softmax couples the
+  particles, V_D is the one-particle proxy. ``langevin.gibbs_resample`` draws
+  particles with weights ∝ exp(−β U_k).
   """
   _check_data(omega, x, y)
   fm = features.get_feature_map(feature_map)
   one_body = jax.vmap(lambda w: -alignment.target_alignment(fm(x, w[None, :]), y))(omega)
   pair = repulsion.riesz_potential(omega, omega, s, softening, self_index_offset=0)
-  return one_body + lam * pair
+  return one_body + 2.0 * lam * pair

@@ -54,11 +54,6 @@ DEFAULT_RHO_PER_CANDIDATE = 0.005
 """The paper's default ρ = 0.005·N_w, i.e. ‖q − u‖² ≤ 0.005."""
 
 
-def _check_count(name: str, value) -> None:
-  if int(value) != value or int(value) < 1:
-    raise ValueError(f'{name} must be an integer >= 1, got {value!r}.')
-
-
 def _threshold_weights(v: jax.Array, theta: jax.Array) -> jax.Array:
   """q(θ) = (v − θ)_+ / Σ(v − θ)_+ for θ < max v."""
   p = jnp.maximum(v - theta, 0.0)
@@ -96,7 +91,7 @@ def solve_weights(scores: jax.Array, rho, tol: float = 1e-6,
   _checks.check_nonnegative('rho', rho)
   _checks.check_positive('tol', tol)
   if _checks.concrete_float(max_iter) is not None:
-    _check_count('max_iter', max_iter)
+    _checks.check_int('max_iter', max_iter, 1)
   return _solve_weights(jnp.asarray(scores), rho, tol, max_iter)
 
 
@@ -155,8 +150,8 @@ def candidate_features(key: jax.Array, num_candidates: int, dim: int,
   inverse bandwidth 1/σ: the features then estimate the Gaussian kernel
   exp(−scale²‖x − x'‖²/2) = exp(−‖x − x'‖²/(2σ²)).
   """
-  _check_count('num_candidates', num_candidates)
-  _check_count('dim', dim)
+  _checks.check_int('num_candidates', num_candidates, 1)
+  _checks.check_int('dim', dim, 1)
   _checks.check_positive('scale', scale)
   kw, kb = jax.random.split(key)
   w = scale * jax.random.normal(kw, (int(num_candidates), int(dim)), dtype)
@@ -213,8 +208,8 @@ def importance_sample(key: jax.Array, x: jax.Array, y: jax.Array, num_features: 
   if 0 in np.shape(x):
     raise ValueError(f'x must hold at least one sample of dimension >= 1, got {np.shape(x)}.')
   _checks.check_labels('x', x, 'y', y)
-  _check_count('num_features', num_features)
-  _check_count('num_candidates', num_candidates)
+  _checks.check_int('num_features', num_features, 1)
+  _checks.check_int('num_candidates', num_candidates, 1)
   if rho is None:
     rho = DEFAULT_RHO_PER_CANDIDATE * int(num_candidates)
   _checks.check_nonnegative('rho', rho)
@@ -228,7 +223,8 @@ def _importance_sample(key, x, y, scale, rho, *, num_features, num_candidates):
   cand_key, draw_key = jax.random.split(key)
   dtype = jnp.promote_types(jnp.result_type(x, y), jnp.float32)
   w, b = candidate_features(cand_key, num_candidates, x.shape[-1], scale, dtype)
-  phi = jnp.cos(jnp.asarray(x, dtype) @ w.T + b)            # [n, N_w]
+  phi = cosine_features(x, w, b)                             # [n, N_w]
+  # √(2/N_w)·cos instead of cos: a positive rescaling of v, which leaves q unchanged.
   scores = jnp.square(jnp.asarray(y, dtype) @ phi / x.shape[0])
   q = _solve_weights(scores, rho, 1e-6, 100)
   idx = jax.random.categorical(draw_key, jnp.log(q), shape=(num_features,))

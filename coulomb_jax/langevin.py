@@ -79,13 +79,19 @@ def _row_noise(key, shape, dtype, row_offset=0):
 
 
 def _move(key, omega, grad, *, step_size, beta, radius, num_particles, row_offset=0):
-  """The update on an already clipped gradient. Returns (new omega, projected fraction)."""
-  moved = omega - (step_size * num_particles) * grad
+  """The update on an already clipped gradient. Returns (new omega, projected fraction).
+
+  Computed in float32 (or wider) and cast back to ``omega.dtype``, so bf16
+  particles take the same step as float32 ones up to the final rounding.
+  """
+  dtype = jnp.promote_types(omega.dtype, jnp.float32)
+  moved = omega.astype(dtype) - (step_size * num_particles) * grad.astype(dtype)
   if _checks.concrete_float(beta) != math.inf:
-    noise = _row_noise(key, omega.shape, omega.dtype, row_offset)
-    moved = moved + jnp.sqrt(2.0 * step_size / beta).astype(omega.dtype) * noise
+    noise = _row_noise(key, omega.shape, dtype, row_offset)
+    moved = moved + jnp.sqrt(2.0 * step_size / beta).astype(dtype) * noise
   outside = jnp.linalg.norm(moved, axis=-1) > radius
-  return project_to_ball(moved, radius), jnp.mean(outside.astype(jnp.float32))
+  return (project_to_ball(moved, radius).astype(omega.dtype),
+          jnp.mean(outside.astype(jnp.float32)))
 
 
 def langevin_step(key: jax.Array, omega: jax.Array, grad: jax.Array, *,
@@ -97,7 +103,8 @@ def langevin_step(key: jax.Array, omega: jax.Array, grad: jax.Array, *,
 
   Args:
     key: PRNG key of this step (ignored when β = ∞).
-    omega: ``[N, d]`` particles (leading axes allowed: ``[..., N, d]``).
+    omega: ``[N, d]`` particles. Leading axes ``[..., N, d]`` hold several
+      particle sets (e.g. one per attention head) that share one global clip.
     grad: ∇_Ω H, same shape as ``omega``.
     step_size: η > 0.
     beta: inverse temperature β > 0; ``jnp.inf`` for no noise.
@@ -107,8 +114,9 @@ def langevin_step(key: jax.Array, omega: jax.Array, grad: jax.Array, *,
   _checks.check_min_rank('omega', omega, 2)
   if grad.shape != omega.shape:
     raise ValueError(f'grad must have the shape of omega {omega.shape}, got {grad.shape}.')
-  if omega.shape[-2] == 0:
-    raise ValueError(f'omega must hold at least one particle, got shape {omega.shape}.')
+  if omega.shape[-2] == 0 or omega.shape[-1] == 0:
+    raise ValueError(
+        f'omega must hold at least one particle of dimension >= 1, got shape {omega.shape}.')
   _check_step_args(step_size, beta, radius, clip_norm)
   grad = clip_by_global_norm(grad, clip_norm)
   return _move(key, omega, grad, step_size=step_size, beta=beta, radius=radius,
@@ -171,16 +179,13 @@ def run_langevin(
   _checks.check_nonnegative('softening', softening)
   _checks.check_nonnegative('tol', tol)
   n = x.shape[0]
-  batch_size = n if batch_size is None else int(batch_size)
-  if not 2 <= batch_size <= n:
-    raise ValueError(f'batch_size must be in [2, n={n}], got {batch_size}.')
-  if int(num_epochs) < 1:
-    raise ValueError(f'num_epochs must be >= 1, got {num_epochs}.')
+  batch_size = n if batch_size is None else _checks.check_int('batch_size', batch_size, 2, n)
+  num_epochs = _checks.check_int('num_epochs', num_epochs, 1)
   s = repulsion.resolve_exponent(s, omega.shape[-1])
   return _run_langevin(
       key, omega, x, y, lam, s, softening, step_size, beta, radius, clip_norm, tol,
       feature_map=features.get_feature_map(feature_map), batch_size=batch_size,
-      num_epochs=int(num_epochs))
+      num_epochs=num_epochs)
 
 
 @functools.partial(jax.jit, static_argnames=('feature_map', 'batch_size', 'num_epochs'))
@@ -207,9 +212,9 @@ def _run_langevin(key, omega, x, y, lam, s, softening, step_size, beta, radius,
     return new, info
 
   def skipped_step(omega, t, idx):
-    del t, idx
-    zero = jnp.zeros((), jnp.float32)
-    return omega, LangevinHistory(zero, zero, zero, zero, zero, zero, jnp.array(False))
+    info = jax.eval_shape(active_step, omega, t, idx)[1]
+    info = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), info)
+    return omega, info._replace(active=jnp.array(False))
 
   def body(carry, inputs):
     omega, done = carry
@@ -231,21 +236,22 @@ def gibbs_resample(
   r"""Algorithm 1's last step: D particles drawn from the particles' Gibbs weights.
 
   Draws D indices i.i.d. (with replacement) from p_k ∝ exp(−β U_k), with
-  U_k = ``hamiltonian.particle_potentials`` (particle k's data potential plus
-  its mean-field repulsion; H = mean_k U_k for separable maps), and returns
-  those particles. β = ∞ puts all mass on the minimisers of U.
+  U_k = ``hamiltonian.particle_potentials``: the potential that drives particle
+  k in the step (its data potential V_D(ω_k) plus 2λ times its mean-field
+  repulsion, so that ∇U_k = N·∇_{ω_k}H), whose Gibbs density exp(−βU_k) is
+  what the dynamics samples particle k from given the others. Returns those
+  particles. β = ∞ puts all mass on the minimisers of U.
 
   Returns:
     ``(samples [D, d], indices [D])``.
   """
   _checks.check_positive('beta', beta)
-  if int(num_samples) < 1:
-    raise ValueError(f'num_samples must be >= 1, got {num_samples!r}.')
+  num_samples = _checks.check_int('num_samples', num_samples, 1)
   u = hamiltonian_lib.particle_potentials(omega, x, y, feature_map=feature_map, lam=lam,
                                           s=s, softening=softening)
   u_min = jnp.min(u)
   logits = jnp.where(u == u_min, 0.0, -beta * (u - u_min))
-  idx = jax.random.categorical(key, logits, shape=(int(num_samples),))
+  idx = jax.random.categorical(key, logits, shape=(num_samples,))
   return omega[idx], idx
 
 

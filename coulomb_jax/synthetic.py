@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from coulomb_jax import _checks
+
 NOISE_LEVELS = tuple(float(s) for s in np.logspace(-5, 5, 10))
 """σ ∈ logspace(−5, 5, 10), the paper's noise grid."""
 
@@ -33,15 +35,13 @@ def target_function(x: jax.Array) -> jax.Array:
 def make_classification(key: jax.Array, num_samples: int, dim: int,
                         noise: float) -> Tuple[jax.Array, jax.Array]:
   """Draws ``num_samples`` points: ``x: [n, dim]`` float32, ``y: [n]`` in {−1, +1}."""
-  if int(dim) < MIN_DIM:
-    raise ValueError(f'dim must be >= {MIN_DIM} (f uses x_1..x_5), got {dim!r}.')
-  if int(num_samples) < 1:
-    raise ValueError(f'num_samples must be >= 1, got {num_samples!r}.')
+  dim = _checks.check_int('dim', dim, MIN_DIM)
+  num_samples = _checks.check_int('num_samples', num_samples, 1)
   if not float(noise) >= 0:
     raise ValueError(f'noise must be >= 0, got {noise!r}.')
   kx, ke = jax.random.split(key)
-  x = jax.random.normal(kx, (int(num_samples), int(dim)), jnp.float32)
-  z = target_function(x) + noise * jax.random.normal(ke, (int(num_samples),), jnp.float32)
+  x = jax.random.normal(kx, (num_samples, dim), jnp.float32)
+  z = target_function(x) + noise * jax.random.normal(ke, (num_samples,), jnp.float32)
   return x, jnp.where(z >= 0, 1.0, -1.0).astype(jnp.float32)
 
 
@@ -53,13 +53,12 @@ def target_function_2d(x: jax.Array) -> jax.Array:
 def make_classification_2d(key: jax.Array, num_samples: int,
                            noise: float) -> Tuple[jax.Array, jax.Array]:
   """The 2-D version: ``x: [n, 2]`` ~ N(0, I₂), ``y = sign(f₂(x) + σε)`` in {−1, +1}."""
-  if int(num_samples) < 1:
-    raise ValueError(f'num_samples must be >= 1, got {num_samples!r}.')
+  num_samples = _checks.check_int('num_samples', num_samples, 1)
   if not float(noise) >= 0:
     raise ValueError(f'noise must be >= 0, got {noise!r}.')
   kx, ke = jax.random.split(key)
-  x = jax.random.normal(kx, (int(num_samples), 2), jnp.float32)
-  z = target_function_2d(x) + noise * jax.random.normal(ke, (int(num_samples),), jnp.float32)
+  x = jax.random.normal(kx, (num_samples, 2), jnp.float32)
+  z = target_function_2d(x) + noise * jax.random.normal(ke, (num_samples,), jnp.float32)
   return x, jnp.where(z >= 0, 1.0, -1.0).astype(jnp.float32)
 
 

@@ -3,17 +3,23 @@ r"""The synthetic study: learned Coulomb particles against fixed and learned bas
   python -m experiments.synthetic --config=configs/synthetic.py --workdir=workdir/synthetic
 
 For every noise level σ and seed it draws train / validation / test sets
-(``coulomb_jax.synthetic``) and evaluates, all followed by the same linear
-classifier (scikit-learn L2 logistic regression, C chosen on validation):
+(``coulomb_jax.synthetic``) and evaluates:
 
-* ``logreg``: raw x;  ``rbf_svm``: an SVM with the RBF kernel, γ = 0.5;
+* ``logreg``: L2 logistic regression on raw x;
+* ``rbf_svm``: an SVM with the RBF kernel, γ = 0.5;
 * ``mkl``: an SVM on Σ_j μ_j K_j, Gaussian kernels K_j at several bandwidths with
   μ_j ∝ max(0, centered alignment of K_j with yyᵀ) on the training set (the
   "align" heuristic of Cortes, Mohri & Rostamizadeh 2012);
-* per feature budget N: ``rff`` (fixed ω ~ N(0, σ_k⁻² I), σ_k chosen on
-  validation), ``importance`` (Sinha & Duchi 2016, started from the same σ_k)
-  and ``coulomb`` (projected Langevin from the same initial draw as ``rff``,
-  for every λ of the ablation).
+* per feature budget N, three feature maps, each followed by the *same* linear
+  classifier (scikit-learn L2 logistic regression) on 2N features:
+  ``rff`` (fixed ω ~ N(0, σ_k⁻² I), features [cos, sin] of N frequencies, σ_k
+  chosen on validation), ``importance`` (Sinha & Duchi 2016 from the same σ_k:
+  2N cosine features drawn from N_w = factor·N candidates) and ``coulomb`` (the
+  N particles moved by projected Langevin from the same initial draw as ``rff``,
+  features [cos, sin], for every λ of the ablation).
+
+Every C, bandwidth and (for the "λ*" row of the report) λ is chosen on the
+validation split; the test split is only scored.
 
 Records are appended to ``records.jsonl`` as each (σ, seed) cell finishes, so a
 killed run resumes where it stopped; at the end ``results.json``,
@@ -36,7 +42,9 @@ from sklearn import metrics
 from sklearn import svm
 
 import coulomb_jax as cj
+from coulomb_jax import _checks
 from coulomb_jax import importance_sampling
+from coulomb_jax import repulsion
 from coulomb_jax import synthetic
 from experiments import synthetic_report
 
@@ -148,7 +156,7 @@ def run_cell(config, seed, noise_index, warm):
     if 'importance' in config.methods:
       nw = config.importance.candidates_factor * budget
       sample = lambda: importance_sampling.importance_sample(
-          jax.random.fold_in(run_key, budget), x_tr, y_tr, budget, num_candidates=nw,
+          jax.random.fold_in(run_key, budget), x_tr, y_tr, 2 * budget, num_candidates=nw,
           scale=1.0 / bw, rho=config.importance.rho_factor * nw)
       (w, b, _), secs = _timed(sample, warm, ('importance', budget))
       feats = _np_splits(data, lambda x: importance_sampling.cosine_features(x, w, b))
@@ -166,10 +174,12 @@ def run_cell(config, seed, noise_index, warm):
             batch_size=lcfg.batch_size, num_epochs=lcfg.num_epochs, tol=lcfg.tol)
         (omega, hist), secs = _timed(run, warm, ('coulomb', budget))
         feats = _np_splits(data, lambda x: cj.features.rff(x, omega))
+        _, terms = cj.hamiltonian_terms(omega, x_tr, y_tr, feature_map='rff', lam=lam,
+                                        s=hcfg.s, softening=hcfg.softening)
         add('coulomb', linear_classifier(config, feats), budget=budget, bandwidth=bw,
             lam=lam, seconds=secs, steps=int(hist.active.sum()),
-            final_alignment=float(hist.alignment[-1]),
-            final_repulsion=float(hist.repulsion[-1]))
+            final_alignment=float(terms['alignment']),
+            final_repulsion=float(terms['repulsion']))
         histories[f'N={budget},lam={lam}'] = {
             k: np.asarray(v).tolist() for k, v in hist._asdict().items()
             if k in ('hamiltonian', 'alignment', 'repulsion', 'max_move')}
@@ -199,18 +209,48 @@ def check_config(config):
   unknown = set(config.methods) - set(METHODS)
   if unknown:
     raise ValueError(f'config.methods: unknown {sorted(unknown)}; known: {list(METHODS)}.')
-  if config.data.dim < synthetic.MIN_DIM:
-    raise ValueError(f'config.data.dim must be >= {synthetic.MIN_DIM}, got {config.data.dim}.')
-  if config.num_seeds < 1:
-    raise ValueError(f'config.num_seeds must be >= 1, got {config.num_seeds}.')
-  if not 0 <= config.report.noise_index < len(config.data.noise_levels):
-    raise ValueError(f'config.report.noise_index must index config.data.noise_levels '
-                     f'({len(config.data.noise_levels)} levels), got {config.report.noise_index}.')
+  d, lcfg, hcfg = config.data, config.langevin, config.hamiltonian
+  _checks.check_int('config.data.dim', d.dim, synthetic.MIN_DIM)
+  _checks.check_int('config.num_seeds', config.num_seeds, 1)
+  for name in ('num_train', 'num_val', 'num_test'):
+    _checks.check_int(f'config.data.{name}', d[name], 2)
+  for noise in d.noise_levels:
+    _checks.check_nonnegative('config.data.noise_levels entry', noise)
+  _checks.check_int('config.report.noise_index', config.report.noise_index, 0,
+                    len(d.noise_levels) - 1)
+  for n in config.features.budgets:
+    _checks.check_int('config.features.budgets entry', n, 1)
   if config.report.ablation_budget not in config.features.budgets:
     raise ValueError(f'config.report.ablation_budget must be one of config.features.budgets '
                      f'{list(config.features.budgets)}, got {config.report.ablation_budget}.')
-  if min(config.data.num_train, config.data.num_val, config.data.num_test) < 2:
-    raise ValueError(f'config.data sizes must be >= 2, got {config.data}.')
+  for name, values in (('config.features.bandwidths', config.features.bandwidths),
+                       ('config.classifier.c_grid', config.classifier.c_grid),
+                       ('config.rbf_svm.c_grid', config.rbf_svm.c_grid),
+                       ('config.mkl.c_grid', config.mkl.c_grid),
+                       ('config.mkl.bandwidths', config.mkl.bandwidths)):
+    if not values:
+      raise ValueError(f'{name} must not be empty, got {values!r}.')
+    for v in values:
+      _checks.check_positive(f'{name} entry', v)
+  _checks.check_positive('config.rbf_svm.gamma', config.rbf_svm.gamma)
+  _checks.check_int('config.importance.candidates_factor', config.importance.candidates_factor, 1)
+  _checks.check_nonnegative('config.importance.rho_factor', config.importance.rho_factor)
+  repulsion.resolve_exponent(hcfg.s, d.dim)
+  _checks.check_nonnegative('config.hamiltonian.softening', hcfg.softening)
+  for name in ('step_size', 'beta', 'radius_scale'):
+    _checks.check_positive(f'config.langevin.{name}', lcfg[name])
+  if lcfg.clip_norm is not None:
+    _checks.check_positive('config.langevin.clip_norm', lcfg.clip_norm)
+  _checks.check_int('config.langevin.batch_size', lcfg.batch_size, 2, d.num_train)
+  _checks.check_int('config.langevin.num_epochs', lcfg.num_epochs, 1)
+  _checks.check_nonnegative('config.langevin.tol', lcfg.tol)
+
+
+def _fingerprint(config):
+  """The config fields that define the records (not the report's choices)."""
+  fields = config.to_dict()
+  fields.pop('report', None)
+  return fields
 
 
 def run_study(config, workdir):
@@ -218,6 +258,14 @@ def run_study(config, workdir):
   check_config(config)
   meta = synthetic_report.run_metadata()
   os.makedirs(workdir, exist_ok=True)
+  config_path = os.path.join(workdir, 'config.json')
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      if json.load(f) != json.loads(json.dumps(_fingerprint(config))):
+        raise ValueError(f'workdir {workdir!r} holds records of a different config '
+                         f'(see {config_path}); use a new --workdir.')
+  else:
+    _write_json(config_path, _fingerprint(config))
   path = os.path.join(workdir, 'records.jsonl')
   records, done = _load_done(path)
   # Rewrite the file with complete cells only, so a cut line never stays behind.
@@ -231,14 +279,14 @@ def run_study(config, workdir):
     print(f'resuming: {len(done)} cells already done', flush=True)
 
   trace_cell = (config.report.noise_index, 0)
-  histories, warm, start = {}, set(), time.perf_counter()
+  warm, start = set(), time.perf_counter()
   cells = [(i, s) for i in range(len(config.data.noise_levels)) for s in range(config.num_seeds)]
   for count, (noise_index, seed) in enumerate(cells, 1):
     if (noise_index, seed) in done:
       continue
     cell_records, cell_hist = run_cell(config, seed, noise_index, warm)
     if (noise_index, seed) == trace_cell:
-      histories = cell_hist
+      _write_json(os.path.join(workdir, 'histories.json'), cell_hist)
     with open(path, 'a') as f:
       for r in cell_records:
         f.write(json.dumps(r) + '\n')
@@ -246,8 +294,6 @@ def run_study(config, workdir):
     records.extend(cell_records)
     print(synthetic_report.progress_line(cell_records, count, len(cells),
                                          time.perf_counter() - start), flush=True)
-  if histories:
-    _write_json(os.path.join(workdir, 'histories.json'), histories)
   results = synthetic_report.write_report(config, records, workdir, meta)
   print(results['markdown_summary'])
   return results

@@ -11,14 +11,14 @@ data set and initial draw) between two methods.
 import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 
 from absl import app
 from absl import flags
 import numpy as np
 from scipy import stats
+
+from experiments import provenance
 
 BASELINES = ('logreg', 'rbf_svm', 'mkl')
 
@@ -81,24 +81,14 @@ def paired(records, a, b, noise_index, budget):
 
 
 def progress_line(cell_records, count, total, seconds):
+  """One line per finished cell: each method's validation accuracy at its best budget."""
   r0 = cell_records[0]
   best = {}
   for r in cell_records:
-    best[label(r)] = max(best.get(label(r), 0.0), r['test_accuracy'])
+    best[label(r)] = max(best.get(label(r), 0.0), r['val_accuracy'])
   parts = ' '.join(f'{k} {v:.3f}' for k, v in best.items())
   return (f"[{count}/{total}] σ={r0['noise']:.3g} seed {r0['seed']} ({seconds:.0f}s)  "
-          f'best test acc over budgets: {parts}')
-
-
-def _commit():
-  try:
-    head = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    return head + ('-dirty' if dirty else '')
-  except (OSError, subprocess.CalledProcessError):
-    return 'unknown'
+          f'best validation accuracy: {parts}')
 
 
 def tables(config, records):
@@ -241,13 +231,10 @@ def _save(fig, workdir, name):
 
 def run_metadata(module='experiments.synthetic'):
   """Command, commit, start date and machine: taken when a run of ``module`` starts."""
-  import jax                                          # pylint: disable=g-import-not-at-top
   return {'command': ' '.join(['python', '-m', module] + sys.argv[1:]),
-          'commit': _commit(),
+          'commit': provenance.git_commit(),
           'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-          'machine': {'processor': platform.processor() or platform.machine(),
-                      'cpu_count': os.cpu_count(), 'python': platform.python_version(),
-                      'jax': jax.__version__, 'backend': jax.default_backend()}}
+          'machine': provenance.machine()}
 
 
 def write_report(config, records, workdir, meta):
@@ -267,8 +254,9 @@ def write_report(config, records, workdir, meta):
   header = (f"# Synthetic study results\n\nCommand: `{meta['command']}`  \n"
             f"Commit: {meta['commit']}  \nDate: {meta['date']}  \n"
             f"Machine: {json.dumps(meta['machine'])}\n")
-  with open(os.path.join(workdir, 'results.md'), 'w') as f:
+  with open(os.path.join(workdir, 'results.md.tmp'), 'w') as f:
     f.write(header + md + '\n')
+  os.replace(os.path.join(workdir, 'results.md.tmp'), os.path.join(workdir, 'results.md'))
   results['figures'] = figures(config, records, workdir)
   return results
 

@@ -158,8 +158,10 @@ def run_theory(config, workdir):
              'sliced_wasserstein': sw_vs_n(config, sw_key, x, y),
              'kernel_spread': spread_vs_n_beta(config, spread_key, x, y, x_eval)}
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'theory.json'), 'w') as f:
+  path = os.path.join(workdir, 'theory.json')
+  with open(path + '.tmp', 'w') as f:
     json.dump(results, f, indent=1)
+  os.replace(path + '.tmp', path)
   figures(results, workdir)
   return results
 

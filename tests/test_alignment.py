@@ -1,5 +1,7 @@
 """Tests of coulomb_jax.alignment."""
 
+import hypothesis
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,3 +70,14 @@ def test_bad_input():
     alignment.centered_alignment(jnp.ones((3, 3)), jnp.ones((4, 4)))
   with pytest.raises(ValueError, match='y has 4 labels'):
     jax.jit(alignment.target_alignment)(phi, jnp.ones(4))
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(n=st.integers(2, 9), f=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+def test_target_alignment_property_any_shape(n, f, seed):
+  """For any n ≥ 2 and width F, the O(n·F) form equals the double sum."""
+  rng = np.random.default_rng(seed)
+  phi = rng.normal(size=(n, f)).astype(np.float32)
+  y = rng.normal(size=n).astype(np.float32)
+  np.testing.assert_allclose(alignment.target_alignment(phi, y), _brute_force(phi, y),
+                             rtol=1e-4, atol=1e-5)

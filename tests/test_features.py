@@ -172,7 +172,7 @@ def test_bad_shapes_raise(x_shape, omega_shape, match):
 
 
 def test_bad_sampler_sizes_raise():
-  with pytest.raises(ValueError, match='num_particles must be >= 1, got 0'):
+  with pytest.raises(ValueError, match='num_particles must be an integer >= 1, got 0'):
     features.sample_gaussian(jax.random.key(0), 0, 3)
-  with pytest.raises(ValueError, match='dim must be >= 1, got 0'):
+  with pytest.raises(ValueError, match='dim must be an integer >= 1, got 0'):
     features.sample_orthogonal(jax.random.key(0), 4, 0)

@@ -2,6 +2,8 @@
 
 import math
 
+import hypothesis
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,12 +100,28 @@ def test_keys_determine_the_noise():
   np.testing.assert_allclose(jnp.std(big), math.sqrt(0.2), rtol=4 * math.sqrt(1 / 20000))
 
 
-def test_leading_axes_are_separate_particle_sets():
+def test_leading_axes_are_particle_sets_sharing_the_clip():
   omega = jax.random.normal(jax.random.key(10), (2, 6, 3))
   grad = jax.random.normal(jax.random.key(11), (2, 6, 3))
   new = langevin.langevin_step(jax.random.key(0), omega, grad, step_size=0.1, beta=math.inf,
                                radius=math.inf)
   np.testing.assert_allclose(new, omega - 0.1 * 6 * grad, rtol=1e-6)
+  # One clip over all sets: the same scale factor for both.
+  clipped = langevin.langevin_step(jax.random.key(0), omega, grad, step_size=0.1,
+                                   beta=math.inf, radius=math.inf, clip_norm=1.0)
+  scale = 1.0 / float(jnp.linalg.norm(grad))
+  np.testing.assert_allclose(clipped, omega - 0.1 * 6 * scale * grad, rtol=1e-5)
+
+
+def test_bf16_particles_step_in_float32():
+  omega, x, y = _problem()
+  kw = dict(feature_map='rff', lam=0.5, step_size=0.01, beta=jnp.inf, radius=5.0,
+            batch_size=20, num_epochs=1)
+  o32, _ = langevin.run_langevin(jax.random.key(0), omega, x, y, **kw)
+  o16, hist = langevin.run_langevin(jax.random.key(0), omega.astype(jnp.bfloat16), x, y, **kw)
+  assert o16.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(hist.hamiltonian)))
+  # bf16 keeps 8 bits: |ω| < 4 rounds to within 2^-6 · 4.
+  np.testing.assert_allclose(o16.astype(jnp.float32), o32, atol=0.07)
 
 
 def test_run_langevin_history_and_descent():
@@ -225,8 +243,21 @@ def test_bad_shapes_and_sizes():
                            radius=1.0)
   with pytest.raises(ValueError, match='y has 39 labels but x has 40 samples'):
     langevin.run_langevin(jax.random.key(0), omega, x, y[1:], **kw)
-  with pytest.raises(ValueError, match='batch_size must be in'):
+  with pytest.raises(ValueError, match='batch_size must be an integer in'):
     langevin.run_langevin(jax.random.key(0), omega, x, y, batch_size=100, **kw)
-  with pytest.raises(ValueError, match='num_samples must be >= 1'):
+  with pytest.raises(ValueError, match='num_samples must be an integer >= 1'):
     langevin.gibbs_resample(jax.random.key(0), omega, x, y, 0, beta=1.0, feature_map='rff',
                             lam=0.1)
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(radius=st.floats(0.1, 10.0), scale=st.floats(0.01, 100.0),
+                  seed=st.integers(0, 2**31 - 1))
+def test_projection_property(radius, scale, seed):
+  """P_R lands in the ball, is idempotent, and leaves points inside unchanged."""
+  omega = scale * np.random.default_rng(seed).normal(size=(7, 3)).astype(np.float32)
+  proj = langevin.project_to_ball(jnp.asarray(omega), radius)
+  assert float(jnp.max(jnp.linalg.norm(proj, axis=-1))) <= radius * (1 + 1e-6)
+  np.testing.assert_allclose(langevin.project_to_ball(proj, radius), proj, rtol=1e-6)
+  inside = np.linalg.norm(omega, axis=-1) <= radius
+  np.testing.assert_array_equal(np.asarray(proj)[inside], omega[inside])

@@ -24,18 +24,32 @@ _SCRIPT = textwrap.dedent('''
     x = jax.random.normal(kx, (50, 4))
     y = jnp.sign(jnp.sin(2 * x[:, 0]) + x[:, 1] * x[:, 2])
     key = jax.random.key(42)
+    grad_norm = lambda **e: float(jnp.linalg.norm(
+        jax.grad(lambda w: hl.hamiltonian(w, x, y, **e))(omega)))
+    favor_energy = dict(feature_map='favor', lam=1.0, s=1.0)
+    # Radius 10: no projection, so the output shows the gradient itself; radius 1.5:
+    # the projection is active. The favor case clips at 95% of the gradient norm.
     cases = [
-        dict(feature_map='rff', lam=0.5, s='coulomb', beta=20.0, clip_norm=None),
-        dict(feature_map='favor', lam=1.0, s=1.0, beta=math.inf, clip_norm=0.05),
-        dict(feature_map='softmaxfeat', lam=0.3, s=0.0, beta=50.0, clip_norm=None),
+        dict(feature_map='rff', lam=0.5, s='coulomb', beta=20.0, clip_norm=None, radius=10.0),
+        dict(favor_energy, beta=math.inf, clip_norm=0.95 * grad_norm(**favor_energy),
+             radius=10.0),
+        dict(feature_map='softmaxfeat', lam=0.3, s=0.0, beta=50.0, clip_norm=None,
+             radius=10.0),
+        dict(feature_map='elu', lam=0.3, s='coulomb', beta=math.inf, clip_norm=None,
+             radius=1.5),
     ]
     for case in cases:
-        kw = dict(case, step_size=0.05, radius=1.5)
+        kw = dict(case, step_size=0.05)
         energy = dict(feature_map=kw['feature_map'], lam=kw['lam'], s=kw['s'])
         grad = jax.grad(lambda w: hl.hamiltonian(w, x, y, **energy))(omega)
         ref = cj.langevin_step(key, omega, grad, step_size=0.05, beta=kw['beta'],
-                               radius=1.5, clip_norm=kw['clip_norm'])
-        assert float(jnp.max(jnp.abs(ref - omega))) > 1e-3   # the step does move
+                               radius=kw['radius'], clip_norm=kw['clip_norm'])
+        # The data and the repulsion term each move the particles far more than the
+        # 1e-5 tolerance (so dropping either would fail the comparison below).
+        data = jax.grad(lambda w: hl.hamiltonian(w, x, y, **dict(energy, lam=0.0)))(omega)
+        rep = jax.grad(lambda w: kw['lam'] * cj.riesz_energy(w, kw['s']))(omega)
+        for g in (data, rep):
+            assert 0.05 * 32 * float(jnp.max(jnp.abs(g))) > 1e-3, case
 
         pm = jax.pmap(lambda k, w: parallel.sharded_langevin_step(k, w, x, y, axis_name='p',
                                                                    **kw),

@@ -40,7 +40,7 @@ def test_noise_grid():
 
 
 def test_bad_input():
-  with pytest.raises(ValueError, match='dim must be >= 5'):
+  with pytest.raises(ValueError, match='dim must be an integer >= 5'):
     synthetic.make_classification(jax.random.key(0), 10, 4, 0.1)
   with pytest.raises(ValueError, match='noise must be >= 0'):
     synthetic.make_classification(jax.random.key(0), 10, 5, -1.0)

@@ -1,0 +1,28 @@
+"""Where a result came from: git commit and machine, recorded with every output."""
+
+import os
+import platform
+import subprocess
+
+import jax
+
+
+def git_commit() -> str:
+  """HEAD of the working tree, with ``-dirty`` if tracked files differ from it."""
+  try:
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return head + ('-dirty' if dirty else '')
+  except (OSError, subprocess.CalledProcessError):
+    return 'unknown'
+
+
+def machine() -> dict:
+  """Processor, core count, Python, jax and the default device."""
+  dev = jax.devices()[0]
+  return {'processor': platform.processor() or platform.machine(),
+          'cpu_count': os.cpu_count(), 'python': platform.python_version(),
+          'jax': jax.__version__, 'platform': dev.platform, 'device_kind': dev.device_kind,
+          'device_count': jax.device_count()}
