@@ -10,7 +10,8 @@ r"""The paper's theory, measured: three figures for docs/theory.md.
 3. Spread of the learned kernel matrix across seeds (``diagnostics.kernel_spread``)
    against N for several β: concentration around a deterministic kernel.
 
-All runs are full batch. Writes ``theory.json`` and ``fig_theory_*.png``.
+All runs are full batch. Writes ``theory.json``, ``theory.md`` (the numbers
+behind the figures, with log-log slopes against N) and ``fig_theory_*.png``.
 """
 
 import json
@@ -38,15 +39,15 @@ def _energy_kwargs(config):
   return dict(feature_map=d.feature_map, lam=d.lam, s=d.s, softening=d.softening)
 
 
-def run(config, key, x, y, num_particles, beta, num_epochs):
-  """One full-batch run from ω ~ N(0, σ_k⁻² I); returns the final particles."""
+def run(config, key, x, y, num_particles, beta, num_epochs, return_initial=False):
+  """One full-batch run from ω ~ N(0, σ_k⁻² I); returns the final (and initial) particles."""
   d = config.dynamics
   init_key, run_key = jax.random.split(key)
-  omega = cj.sample_gaussian(init_key, num_particles, x.shape[1]) / d.bandwidth
-  omega, _ = cj.run_langevin(run_key, omega, x, y, **_energy_kwargs(config),
+  omega0 = cj.sample_gaussian(init_key, num_particles, x.shape[1]) / d.bandwidth
+  omega, _ = cj.run_langevin(run_key, omega0, x, y, **_energy_kwargs(config),
                              step_size=d.step_size, beta=beta, radius=d.radius,
                              num_epochs=num_epochs)
-  return omega
+  return (omega, omega0) if return_initial else omega
 
 
 def free_energy_curves(config, key, x, y):
@@ -72,21 +73,28 @@ def free_energy_curves(config, key, x, y):
 
 
 def sw_vs_n(config, key, x, y):
-  """{N: [SW₂(run with N, run with 2N) per seed]}."""
-  out = {}
+  """({N: [SW₂(run N, run 2N)]}, {N: [SW₂(initial N, initial 2N)]}) per seed.
+
+  The second is the reference: two independent i.i.d. clouds also get closer as
+  N grows, so the learned clouds' rate is read against it.
+  """
+  learned, initial = {}, {}
   for n in config.sw_particles:
-    vals = []
+    learned[n], initial[n] = [], []
     for seed in range(config.num_seeds):
       k = jax.random.fold_in(jax.random.fold_in(key, n), seed)
-      a = run(config, jax.random.fold_in(k, 0), x, y, n, config.sw_beta,
-              config.dynamics.num_steps)
-      b = run(config, jax.random.fold_in(k, 1), x, y, 2 * n, config.sw_beta,
-              config.dynamics.num_steps)
-      vals.append(float(diagnostics.sliced_wasserstein(jax.random.fold_in(k, 2), a, b,
-                                                       config.sw_projections)))
-    out[n] = vals
-    print(f'SW(N={n}, 2N={2 * n}) = {np.mean(vals):.4f} ± {np.std(vals):.4f}', flush=True)
-  return out
+      a, a0 = run(config, jax.random.fold_in(k, 0), x, y, n, config.sw_beta,
+                  config.dynamics.num_steps, return_initial=True)
+      b, b0 = run(config, jax.random.fold_in(k, 1), x, y, 2 * n, config.sw_beta,
+                  config.dynamics.num_steps, return_initial=True)
+      sw_key = jax.random.fold_in(k, 2)
+      learned[n].append(float(diagnostics.sliced_wasserstein(sw_key, a, b,
+                                                             config.sw_projections)))
+      initial[n].append(float(diagnostics.sliced_wasserstein(sw_key, a0, b0,
+                                                             config.sw_projections)))
+    print(f'SW(N={n}, 2N={2 * n}): learned {np.mean(learned[n]):.4f}, '
+          f'initial {np.mean(initial[n]):.4f}', flush=True)
+  return learned, initial
 
 
 def spread_vs_n_beta(config, key, x, y, x_eval):
@@ -123,11 +131,15 @@ def figures(results, workdir):
 
   fig, ax = plt.subplots(figsize=(5, 3.6))
   ns = sorted(int(n) for n in results['sliced_wasserstein'])
-  vals = [results['sliced_wasserstein'][n] for n in ns]
-  ax.errorbar(ns, [np.mean(v) for v in vals], yerr=[np.std(v, ddof=1) if len(v) > 1 else 0
-                                                    for v in vals], marker='o', capsize=3)
-  ax.set(xscale='log', yscale='log', xlabel='N', ylabel='SW₂(run N, run 2N)',
+  for name, field in (('learned clouds', 'sliced_wasserstein'),
+                      ('initial i.i.d. clouds', 'sliced_wasserstein_initial')):
+    vals = [results[field][n] for n in ns]
+    ax.errorbar(ns, [np.mean(v) for v in vals],
+                yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in vals], marker='o',
+                capsize=3, label=name)
+  ax.set(xscale='log', yscale='log', xlabel='N', ylabel='SW₂(cloud N, cloud 2N)',
          title='N vs 2N particle clouds')
+  ax.legend(fontsize=8)
   ax.set_xticks(ns, [str(n) for n in ns])
   fig.tight_layout()
   fig.savefig(os.path.join(workdir, 'fig_theory_sw_vs_n.png'), dpi=90)
@@ -145,6 +157,42 @@ def figures(results, workdir):
   plt.close(fig)
 
 
+def summary_markdown(results):
+  """Tables of the three measurements, with least-squares log-log slopes in N."""
+  slope = lambda ns, v: float(np.polyfit(np.log(ns), np.log(v), 1)[0])
+  lines = [f"Command: `{results['command']}`  ", f"Commit: {results['commit']}  ",
+           f"Date: {results['date']}  ", f"Machine: {json.dumps(results['machine'])}", '',
+           '### Free energy along one run (N = '
+           f"{results['config']['free_energy_particles']})", '',
+           '| β | F at start | F at end | steps where F rose (of snapshots) | largest rise |',
+           '|---|---|---|---|---|']
+  for beta, rows in results['free_energy'].items():
+    f = np.array([r[3] for r in rows])
+    d = np.diff(f)
+    lines.append(f'| {float(beta):g} | {f[0]:+.4f} | {f[-1]:+.4f} | {int((d > 0).sum())} of '
+                 f'{len(d)} | {max(d.max(), 0.0):.4f} |')
+  ns = sorted(int(n) for n in results['sliced_wasserstein'])
+  lines += ['', '### Sliced W₂ between clouds of N and 2N particles (mean ± std over seeds)', '',
+            '| clouds \\ N | ' + ' | '.join(map(str, ns)) + ' | log-log slope |',
+            '|---|' + '---|' * (len(ns) + 1)]
+  for name, field in (('learned (after the run)', 'sliced_wasserstein'),
+                      ('initial i.i.d. draws', 'sliced_wasserstein_initial')):
+    sw = [results[field][n] for n in ns]
+    lines.append(f'| {name} | ' + ' | '.join(
+        f'{np.mean(v):.4f} ± {np.std(v, ddof=1):.4f}' if len(v) > 1 else f'{np.mean(v):.4f}'
+        for v in sw) + f' | {slope(ns, [np.mean(v) for v in sw]):.2f} |')
+  lines += ['', '### Spread of the learned kernel across seeds', '']
+  first = next(iter(results['kernel_spread'].values()))
+  ns = sorted(int(n) for n in first)
+  lines += ['| β \\ N | ' + ' | '.join(map(str, ns)) + ' | log-log slope |',
+            '|---|' + '---|' * (len(ns) + 1)]
+  for beta, by_n in results['kernel_spread'].items():
+    v = [by_n[n] for n in ns]
+    lines.append(f'| {float(beta):g} | ' + ' | '.join(f'{x:.4f}' for x in v)
+                 + f' | {slope(ns, v):.2f} |')
+  return '\n'.join(lines) + '\n'
+
+
 def run_theory(config, workdir):
   meta = synthetic_report.run_metadata('experiments.theory')
   key = jax.random.key(config.seed)
@@ -153,15 +201,20 @@ def run_theory(config, workdir):
                                        config.data.noise)
   x_eval, _ = synthetic.make_classification(eval_key, config.data.num_eval, config.data.dim,
                                             config.data.noise)
+  sw_learned, sw_initial = sw_vs_n(config, sw_key, x, y)
   results = {**meta, 'config': config.to_dict(),
              'free_energy': free_energy_curves(config, fe_key, x, y),
-             'sliced_wasserstein': sw_vs_n(config, sw_key, x, y),
+             'sliced_wasserstein': sw_learned, 'sliced_wasserstein_initial': sw_initial,
              'kernel_spread': spread_vs_n_beta(config, spread_key, x, y, x_eval)}
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, 'theory.json')
   with open(path + '.tmp', 'w') as f:
     json.dump(results, f, indent=1)
   os.replace(path + '.tmp', path)
+  with open(os.path.join(workdir, 'theory.md.tmp'), 'w') as f:
+    f.write(summary_markdown(results))
+  os.replace(os.path.join(workdir, 'theory.md.tmp'), os.path.join(workdir, 'theory.md'))
+  print(summary_markdown(results))
   figures(results, workdir)
   return results
 

@@ -24,9 +24,11 @@ def test_theory_tiny_run(tmp_path):
   for step, h, ent, f in rows:
     np.testing.assert_allclose(f, h - ent / 100.0, rtol=1e-4, atol=1e-6)
   assert all(len(v) == 2 and min(v) > 0 for v in results['sliced_wasserstein'].values())
+  assert set(results['sliced_wasserstein_initial']) == {4, 8}
   assert all(s > 0 for s in results['kernel_spread'][100.0].values())
   with open(tmp_path / 'theory.json') as f:
     assert json.load(f)['command'].startswith('python -m experiments.theory')
+  assert 'log-log slope' in (tmp_path / 'theory.md').read_text()
   for name in ('fig_theory_free_energy.png', 'fig_theory_sw_vs_n.png',
                'fig_theory_kernel_spread.png'):
     assert os.path.getsize(tmp_path / name) > 0
