@@ -48,9 +48,6 @@ from coulomb_jax import repulsion
 from coulomb_jax import synthetic
 from experiments import synthetic_report
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Study config.', lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for records, results and figures.')
-
 METHODS = ('logreg', 'rbf_svm', 'mkl', 'rff', 'importance', 'coulomb')
 
 
@@ -308,9 +305,12 @@ def _write_json(path, obj):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  run_study(_CONFIG.value, _WORKDIR.value)
+  run_study(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == '__main__':
+  # Flags are defined here, not at import, so other scripts can import this module.
+  config_flags.DEFINE_config_file('config', None, 'Study config.', lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Directory for records, results and figures.')
   flags.mark_flags_as_required(['config', 'workdir'])
   app.run(main)

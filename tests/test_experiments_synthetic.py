@@ -106,3 +106,15 @@ def test_unknown_method_is_rejected_before_compute(tmp_path):
     with pytest.raises(ValueError, match=match):
       synthetic.run_study(config, str(tmp_path))
     assert not os.listdir(tmp_path)
+
+
+def test_pilot_runs_on_validation_only(monkeypatch):
+  from experiments import synthetic_pilot   # importable next to experiments.synthetic
+  monkeypatch.setattr(synthetic_pilot, 'GRID',
+                      {'lam': [0.0], 'step_size': [0.3], 'beta': [1e4]})
+  monkeypatch.setattr(synthetic_pilot, 'NUM_SEEDS', 1)
+  monkeypatch.setattr(synthetic_pilot, 'BUDGET', 8)
+  config = _tiny_config()
+  rows = synthetic_pilot.run_pilot(config)
+  assert len(rows) == 1 and set(rows[0]) == {'lam', 'step_size', 'beta', 'mean_val_gain'}
+  assert -1.0 <= rows[0]['mean_val_gain'] <= 1.0
