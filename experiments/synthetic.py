@@ -282,6 +282,8 @@ def run_study(config, workdir):
     if (noise_index, seed) in done:
       continue
     cell_records, cell_hist = run_cell(config, seed, noise_index, warm)
+    for r in cell_records:
+      r['commit'] = meta['commit']     # a resumed study may hold cells of several commits
     if (noise_index, seed) == trace_cell:
       _write_json(os.path.join(workdir, 'histories.json'), cell_hist)
     with open(path, 'a') as f:

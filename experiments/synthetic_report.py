@@ -243,6 +243,7 @@ def write_report(config, records, workdir, meta):
   ``meta`` (``run_metadata()`` of the run that produced the records) is copied
   into both files, so a rebuilt report keeps the run's command and commit.
   """
+  meta = dict(meta, record_commits=sorted({r.get('commit', 'unknown') for r in records}))
   records = with_selected_lambda(records)
   md = tables(config, records)
   results = {**meta, 'config': config.to_dict(),
@@ -252,7 +253,8 @@ def write_report(config, records, workdir, meta):
     json.dump(results, f, indent=1)
   os.replace(os.path.join(workdir, 'results.json.tmp'), os.path.join(workdir, 'results.json'))
   header = (f"# Synthetic study results\n\nCommand: `{meta['command']}`  \n"
-            f"Commit: {meta['commit']}  \nDate: {meta['date']}  \n"
+            f"Commit: {meta['commit']} (records from: {', '.join(meta['record_commits'])})  \n"
+            f"Date: {meta['date']}  \n"
             f"Machine: {json.dumps(meta['machine'])}\n")
   with open(os.path.join(workdir, 'results.md.tmp'), 'w') as f:
     f.write(header + md + '\n')
@@ -269,6 +271,7 @@ def main(argv):
     previous = json.load(f)
   config = ml_collections.ConfigDict(previous['config'])
   meta = {k: previous[k] for k in ('command', 'commit', 'date', 'machine')}
+  # record_commits is recomputed from the records themselves.
   from experiments import synthetic                   # pylint: disable=g-import-not-at-top
   records, _ = synthetic._load_done(os.path.join(workdir, 'records.jsonl'))  # pylint: disable=protected-access
   print(write_report(config, records, workdir, meta)['markdown_summary'])

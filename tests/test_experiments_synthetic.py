@@ -47,6 +47,8 @@ def test_every_method_runs_and_report_is_written(tmp_path, capsys):
                'fig_lambda_ablation.png', 'fig_energy_vs_step.png'):
     assert os.path.getsize(tmp_path / name) > 0, name
   md = (tmp_path / 'results.md').read_text()
+  assert all('commit' in r for r in results['records'])
+  assert f"records from: {results['records'][0]['commit']}" in md
   for lab in ('logreg', 'rbf_svm', 'mkl', 'rff', 'importance', 'coulomb λ*', 'coulomb λ=0.5'):
     assert lab in md
   with open(tmp_path / 'results.json') as f:
