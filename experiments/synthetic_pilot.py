@@ -6,7 +6,9 @@ Draws data sets from an independent root key (``config.seed + 1000``: none of
 the study's data), picks the fixed-RFF bandwidth of the config's grid on
 validation, and reports the validation-accuracy gain of the learned
 particles over their fixed initial draw for a grid of (λ, η, β), averaged over
-seeds. Only validation data is used. Writes ``pilot.json``.
+seeds, and for each (η, β) the gain averaged over λ as well (the study sweeps λ,
+so its η and β should work for all of them). Only validation data is used.
+Writes ``pilot.json``.
 """
 
 import itertools
@@ -24,6 +26,7 @@ import numpy as np
 import coulomb_jax as cj
 from coulomb_jax import synthetic
 from experiments import synthetic as study
+from experiments import synthetic_report
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Study config.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for pilot.json.')
@@ -61,14 +64,24 @@ def run_pilot(config):
 
 def main(argv):
   del argv
+  meta = synthetic_report.run_metadata('experiments.synthetic_pilot')
+  print(f"{meta['command']} at commit {meta['commit']} on {json.dumps(meta['machine'])}")
   rows = run_pilot(_CONFIG.value)
   for r in sorted(rows, key=lambda r: -r['mean_val_gain']):
     print(f"λ {r['lam']:<5g} η {r['step_size']:<5g} β {r['beta']:<8g} "
           f"mean validation gain {r['mean_val_gain']:+.4f}")
+  by_dynamics = {}
+  for r in rows:
+    by_dynamics.setdefault((r['step_size'], r['beta']), []).append(r['mean_val_gain'])
+  print('averaged over λ:')
+  for (eta, beta), gains in sorted(by_dynamics.items(), key=lambda kv: -np.mean(kv[1])):
+    print(f'η {eta:<5g} β {beta:<8g} mean validation gain {np.mean(gains):+.4f}')
   if _WORKDIR.value:
     os.makedirs(_WORKDIR.value, exist_ok=True)
-    with open(os.path.join(_WORKDIR.value, 'pilot.json'), 'w') as f:
-      json.dump(rows, f, indent=1)
+    path = os.path.join(_WORKDIR.value, 'pilot.json')
+    with open(path + '.tmp', 'w') as f:
+      json.dump({**meta, 'rows': rows}, f, indent=1)
+    os.replace(path + '.tmp', path)
 
 
 if __name__ == '__main__':
