@@ -54,7 +54,8 @@ METHODS = ('logreg', 'rbf_svm', 'mkl', 'rff', 'importance', 'coulomb')
 def _scores(predict, split):
   x, y = split
   pred = predict(x)
-  return float(metrics.accuracy_score(y, pred)), float(metrics.f1_score(y, pred, pos_label=1))
+  return (float(metrics.accuracy_score(y, pred)),
+          float(metrics.f1_score(y, pred, pos_label=1, zero_division=0)))
 
 
 def select_on_validation(make_model, c_grid, train, val, test):
