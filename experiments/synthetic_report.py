@@ -167,20 +167,25 @@ def figures(config, records, workdir):
   labs = sorted({label(r) for r in records})
   paths = []
 
-  def band(ax, xs, keys, name):
+  def band(ax, xs, keys, name, color=None):
     pts = [(x, agg[k]) for x, k in zip(xs, keys) if k in agg]
     if not pts:
       return
     x = np.array([p[0] for p in pts])
     m = np.array([p[1][0] for p in pts])
     h = np.nan_to_num(np.array([p[1][1] for p in pts]))
-    ax.plot(x, m, marker='o', label=name)
-    ax.fill_between(x, m - h, m + h, alpha=0.2)
+    line, = ax.plot(x, m, marker='o', label=name, color=color)
+    ax.fill_between(x, m - h, m + h, alpha=0.15, color=line.get_color())
 
+  # The main figures show the baselines, the fixed maps and three learned rows; every
+  # λ is in the ablation figure.
+  labs = [l for l in labs if not l.startswith('coulomb λ=') or l in ('coulomb λ=0',
+                                                                      'coulomb λ=0.5')]
+  colors = dict(zip(labs, plt.get_cmap('tab10').colors))
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for lab in labs:
     budget = None if lab in BASELINES else top
-    band(ax, noise, [(lab, i, budget) for i in range(len(noise))], lab)
+    band(ax, noise, [(lab, i, budget) for i in range(len(noise))], lab, colors[lab])
   ax.set(xscale='log', xlabel='label noise σ', ylabel='test accuracy',
          title=f'Accuracy vs noise (N = {top}; 95% CI over seeds)')
   ax.legend(fontsize=7)
@@ -190,7 +195,7 @@ def figures(config, records, workdir):
   fig, ax = plt.subplots(figsize=(6, 4))
   for lab in labs:
     if lab not in BASELINES:
-      band(ax, budgets, [(lab, i0, n) for n in budgets], lab)
+      band(ax, budgets, [(lab, i0, n) for n in budgets], lab, colors[lab])
   ax.set(xscale='log', xlabel='features N', ylabel='test accuracy',
          title=f'Accuracy vs budget (σ = {noise[i0]:.3g})')
   ax.set_xticks(budgets, [str(n) for n in budgets])
