@@ -28,9 +28,6 @@ from coulomb_jax import synthetic
 from experiments import synthetic as study
 from experiments import synthetic_report
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Study config.', lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for pilot.json.')
-
 GRID = {'lam': [0.0, 0.01, 0.05], 'step_size': [0.03, 0.3, 3.0], 'beta': [1e4, 1e6]}
 NUM_SEEDS, BUDGET = 2, 64
 
@@ -66,7 +63,7 @@ def main(argv):
   del argv
   meta = synthetic_report.run_metadata('experiments.synthetic_pilot')
   print(f"{meta['command']} at commit {meta['commit']} on {json.dumps(meta['machine'])}")
-  rows = run_pilot(_CONFIG.value)
+  rows = run_pilot(flags.FLAGS.config)
   for r in sorted(rows, key=lambda r: -r['mean_val_gain']):
     print(f"λ {r['lam']:<5g} η {r['step_size']:<5g} β {r['beta']:<8g} "
           f"mean validation gain {r['mean_val_gain']:+.4f}")
@@ -76,14 +73,17 @@ def main(argv):
   print('averaged over λ:')
   for (eta, beta), gains in sorted(by_dynamics.items(), key=lambda kv: -np.mean(kv[1])):
     print(f'η {eta:<5g} β {beta:<8g} mean validation gain {np.mean(gains):+.4f}')
-  if _WORKDIR.value:
-    os.makedirs(_WORKDIR.value, exist_ok=True)
-    path = os.path.join(_WORKDIR.value, 'pilot.json')
+  if flags.FLAGS.workdir:
+    os.makedirs(flags.FLAGS.workdir, exist_ok=True)
+    path = os.path.join(flags.FLAGS.workdir, 'pilot.json')
     with open(path + '.tmp', 'w') as f:
       json.dump({**meta, 'rows': rows}, f, indent=1)
     os.replace(path + '.tmp', path)
 
 
 if __name__ == '__main__':
+  # Flags are defined here, not at import, so tests can import every experiment module.
+  config_flags.DEFINE_config_file('config', None, 'Study config.', lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Directory for pilot.json.')
   flags.mark_flags_as_required(['config'])
   app.run(main)

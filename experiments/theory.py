@@ -30,9 +30,6 @@ from coulomb_jax import hamiltonian as hl
 from coulomb_jax import synthetic
 from experiments import synthetic_report
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Theory config.', lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for theory.json and figures.')
-
 
 def _energy_kwargs(config):
   d = config.dynamics
@@ -222,9 +219,12 @@ def run_theory(config, workdir):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  run_theory(_CONFIG.value, _WORKDIR.value)
+  run_theory(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == '__main__':
+  # Flags are defined here, not at import, so tests can import every experiment module.
+  config_flags.DEFINE_config_file('config', None, 'Theory config.', lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Directory for theory.json and figures.')
   flags.mark_flags_as_required(['config', 'workdir'])
   app.run(main)
