@@ -41,7 +41,7 @@ def test_every_method_runs_and_report_is_written(tmp_path, capsys):
   for r in results['records']:
     assert 0.0 <= r['test_accuracy'] <= 1.0 and 0.0 <= r['val_accuracy'] <= 1.0
   coulomb = [r for r in results['records'] if r['method'] == 'coulomb']
-  assert all(r['steps'] == 2 * (40 // 20) and 'seconds' in r for r in coulomb)
+  assert all(r['steps'] == 2 * (40 // 20) for r in coulomb)
   for name in ('results.json', 'results.md', 'records.jsonl', 'histories.json',
                'fig_accuracy_vs_noise.png', 'fig_accuracy_vs_budget.png',
                'fig_lambda_ablation.png', 'fig_energy_vs_step.png'):
