@@ -60,7 +60,11 @@ def project_to_ball(omega: jax.Array, radius: Union[float, jax.Array]) -> jax.Ar
 
 
 def clip_by_global_norm(grad, clip_norm, sq_norm=None):
-  """``grad · min(1, clip_norm / ‖grad‖)``; ``sq_norm`` overrides ‖grad‖² (e.g. a psum)."""
+  """``grad · min(1, clip_norm / ‖grad‖)``; ``sq_norm`` overrides ‖grad‖² (e.g. a psum).
+
+  The rule of ``optax.clip_by_global_norm``, as a function: the sharded step needs
+  to pass the norm summed over devices, which the optax transformation cannot take.
+  """
   if clip_norm is None:
     return grad
   if sq_norm is None:
