@@ -1,0 +1,125 @@
+r"""Linear (kernel) attention with feature maps: bidirectional and causal.
+
+With feature maps φ applied to queries and keys (any map of
+``coulomb_jax.features``, learned or fixed particles),
+
+.. math::
+   \mathrm{out}_i = \frac{φ(q_i)ᵀ \sum_j φ(k_j) v_jᵀ}{φ(q_i)ᵀ \sum_j φ(k_j)}
+
+costs O(L·F·D) time and O(L·(F + D) + F·D) memory instead of softmax
+attention's O(L²). Shapes: ``q_feat, k_feat: [B, L, H, F]``, ``v: [B, L, H, D]``,
+``key_mask: [B, L]`` (True for real tokens). Padded keys are removed from the
+numerator *and* the denominator (and their values are never read, so NaN
+padding is harmless); outputs at padded query positions are computed but
+meaningless. Inputs are promoted to (at least) float32 before the contractions
+(bf16 inputs included: XLA's CPU backend has no bf16×bf16→f32 dot), the
+denominator is guarded by ``eps``, and the output has ``v``'s dtype.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from coulomb_jax import _checks
+
+DEFAULT_EPS = 1e-6
+"""Guard of the attention denominator: max(φ(q)ᵀΣφ(k), eps)."""
+
+
+def _check(q_feat, k_feat, v, key_mask):
+  for name, a in (('q_feat', q_feat), ('k_feat', k_feat), ('v', v)):
+    _checks.check_rank(name, a, 4)
+  if q_feat.shape[:3] != k_feat.shape[:3] or q_feat.shape[3] != k_feat.shape[3]:
+    raise ValueError(f'q_feat and k_feat must have the same shape [B, L, H, F], got '
+                     f'{q_feat.shape} and {k_feat.shape}.')
+  if v.shape[:3] != k_feat.shape[:3]:
+    raise ValueError(f'v must be [B, L, H, D] with [B, L, H] = {k_feat.shape[:3]}, got '
+                     f'{v.shape}.')
+  if key_mask is not None and key_mask.shape != k_feat.shape[:2]:
+    raise ValueError(f'key_mask must have shape [B, L] = {k_feat.shape[:2]}, got '
+                     f'{key_mask.shape}.')
+
+
+def _prepare(q_feat, k_feat, v, key_mask):
+  """Promotes to float32 (or wider) and zeroes padded keys and values.
+
+  ``where`` rather than a product, so NaN in padding never leaks.
+  """
+  dtype = jnp.promote_types(jnp.result_type(q_feat, k_feat, v), jnp.float32)
+  q_feat, k_feat, v = (a.astype(dtype) for a in (q_feat, k_feat, v))
+  if key_mask is None:
+    return q_feat, k_feat, v
+  m = key_mask[:, :, None, None]
+  return q_feat, jnp.where(m, k_feat, 0), jnp.where(m, v, 0)
+
+
+def linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
+                     key_mask: Optional[jax.Array] = None, *,
+                     eps: float = DEFAULT_EPS) -> jax.Array:
+  r"""Bidirectional linear attention, ``[B, L, H, D]``.
+
+  Args:
+    q_feat: ``[B, L, H, F]`` query features φ(q) (non-negative).
+    k_feat: ``[B, L, H, F]`` key features φ(k).
+    v: ``[B, L, H, D]`` values.
+    key_mask: optional ``[B, L]`` bool, True for real tokens.
+    eps: denominator guard.
+  """
+  _check(q_feat, k_feat, v, key_mask)
+  out_dtype = v.dtype
+  q_feat, k_feat, v = _prepare(q_feat, k_feat, v, key_mask)
+  kv = jnp.einsum('blhf,blhd->bhfd', k_feat, v)                        # [B, H, F, D]
+  z = jnp.sum(k_feat, axis=1)                                           # [B, H, F]
+  num = jnp.einsum('blhf,bhfd->blhd', q_feat, kv)
+  den = jnp.einsum('blhf,bhf->blh', q_feat, z)
+  return (num / jnp.maximum(den, eps)[..., None]).astype(out_dtype)
+
+
+def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
+                            key_mask: Optional[jax.Array] = None, *,
+                            chunk_size: int = 64, eps: float = DEFAULT_EPS) -> jax.Array:
+  r"""Causal linear attention, ``[B, L, H, D]``: out_i uses keys j ≤ i only.
+
+  Chunked prefix sums: the sequence is cut into chunks of C tokens; within a
+  chunk the C×C causal part is computed explicitly, across chunks a running
+  state S = Σ φ(k_j) v_jᵀ (``[B, H, F, D]``) and z = Σ φ(k_j) is carried by
+  ``lax.scan``. Memory O(L·(F + D) + C² + F·D), time O(L·(C + F)·D).
+
+  Args: as ``linear_attention``, plus ``chunk_size`` C ≥ 1 (L need not be a
+  multiple of it: the tail is padded with masked keys).
+  """
+  _check(q_feat, k_feat, v, key_mask)
+  chunk = _checks.check_int('chunk_size', chunk_size, 1)
+  b, length, h, f = q_feat.shape
+  d, out_dtype = v.shape[-1], v.dtype
+  if key_mask is None:
+    key_mask = jnp.ones((b, length), bool)
+  pad = (-length) % chunk
+  if pad:
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q_feat, k_feat, v = (jnp.pad(a, widths) for a in (q_feat, k_feat, v))
+    key_mask = jnp.pad(key_mask, ((0, 0), (0, pad)))
+  q_feat, k_feat, v = _prepare(q_feat, k_feat, v, key_mask)
+  n = (length + pad) // chunk
+  # [n, B, C, H, ·]: the chunk axis first, for the scan.
+  to_chunks = lambda a: jnp.moveaxis(a.reshape(b, n, chunk, h, a.shape[-1]), 1, 0)
+  qc, kc, vc = to_chunks(q_feat), to_chunks(k_feat), to_chunks(v)
+  tril = jnp.tril(jnp.ones((chunk, chunk), bool))
+
+  def step(carry, inputs):
+    s, z = carry                                          # [B, H, F, D], [B, H, F]
+    q, k, val = inputs                                    # [B, C, H, ·]
+    scores = jnp.where(tril, jnp.einsum('bihf,bjhf->bhij', q, k), 0.0)   # [B, H, C, C]
+    num = jnp.einsum('bhij,bjhd->bihd', scores, val) + jnp.einsum('bihf,bhfd->bihd', q, s)
+    den = (jnp.sum(scores, axis=-1).transpose(0, 2, 1)
+           + jnp.einsum('bihf,bhf->bih', q, z))
+    out = num / jnp.maximum(den, eps)[..., None]
+    s = s + jnp.einsum('bjhf,bjhd->bhfd', k, val)
+    z = z + jnp.sum(k, axis=1)
+    return (s, z), out.astype(out_dtype)
+
+  init = (jnp.zeros((b, h, f, d), q_feat.dtype), jnp.zeros((b, h, f), q_feat.dtype))
+  _, out = jax.lax.scan(step, init, (qc, kc, vc))
+  out = jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, h, d)
+  return out[:, :length]

@@ -1,0 +1,113 @@
+"""Tests of coulomb_jax.attention: exactness, padding, causality, dtypes, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from coulomb_jax import attention
+from coulomb_jax import features
+
+B, L, H, D, DIM, N = 2, 11, 3, 4, 5, 16
+
+
+def _inputs(key, length=L):
+  kq, kk, kv, ko = jax.random.split(key, 4)
+  omega = features.sample_gaussian(ko, N, DIM)
+  q = features.favor(0.5 * jax.random.normal(kq, (B, length, H, DIM)), omega)
+  k = features.favor(0.5 * jax.random.normal(kk, (B, length, H, DIM)), omega)
+  v = jax.random.normal(kv, (B, length, H, D))
+  return q, k, v
+
+
+def _explicit(q, k, v, mask=None, causal=False):
+  """The O(L²) form: A_ij = φ(q_i)·φ(k_j), out = A v / A 1 (float64 numpy)."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  a = np.einsum('bihf,bjhf->bhij', q, k)
+  if mask is not None:
+    a = a * np.asarray(mask, np.float64)[:, None, None, :]
+  if causal:
+    a = np.tril(a)
+  return np.einsum('bhij,bjhd->bihd', a, v) / a.sum(-1).transpose(0, 2, 1)[..., None]
+
+
+def test_linear_attention_equals_explicit():
+  q, k, v = _inputs(jax.random.key(0))
+  np.testing.assert_allclose(attention.linear_attention(q, k, v), _explicit(q, k, v),
+                             rtol=1e-5, atol=1e-6)
+  mask = jnp.arange(L)[None, :] < jnp.array([[L], [7]])
+  np.testing.assert_allclose(attention.linear_attention(q, k, v, mask),
+                             _explicit(q, k, v, mask), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('chunk', [1, 4, 64])
+def test_causal_equals_explicit_for_any_chunk(chunk):
+  q, k, v = _inputs(jax.random.key(1))
+  np.testing.assert_allclose(
+      attention.causal_linear_attention(q, k, v, chunk_size=chunk),
+      _explicit(q, k, v, causal=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('fn', [attention.linear_attention, attention.causal_linear_attention])
+def test_padding_changes_neither_outputs_nor_gradients(fn):
+  q, k, v = _inputs(jax.random.key(2))
+  pq, pk, pv = _inputs(jax.random.key(3), length=5)
+  pv = pv.at[0, 0].set(jnp.nan)                              # NaN padding must not leak
+  mask = jnp.concatenate([jnp.ones((B, L), bool), jnp.zeros((B, 5), bool)], axis=1)
+  cat = lambda a, p: jnp.concatenate([a, p], axis=1)
+
+  def loss(q, k, v, padded):
+    if padded:
+      out = fn(cat(q, pq), cat(k, pk), cat(v, pv), mask)[:, :L]
+    else:
+      out = fn(q, k, v)
+    return jnp.sum(jnp.sin(out)), out
+
+  (l0, o0), g0 = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v, False)
+  (l1, o1), g1 = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v, True)
+  np.testing.assert_allclose(o1, o0, rtol=1e-5, atol=1e-6)
+  for a, b in zip(g1, g0):
+    assert np.all(np.isfinite(a))
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_bf16_inputs_accumulate_in_float32():
+  q, k, v = _inputs(jax.random.key(4))
+  ref = _explicit(q, k, v)
+  for fn in (attention.linear_attention, attention.causal_linear_attention):
+    out = fn(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16))
+    assert out.dtype == jnp.bfloat16 and not np.any(np.isnan(out.astype(jnp.float32)))
+  out = attention.linear_attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16),
+                                   v.astype(jnp.bfloat16))
+  # bf16 has 8 bits of mantissa: inputs and output rounding, |out| ≲ 3.
+  np.testing.assert_allclose(out.astype(jnp.float32), ref, atol=0.1)
+
+
+def test_all_keys_masked_gives_zero_not_nan():
+  q, k, v = _inputs(jax.random.key(5))
+  out = attention.linear_attention(q, k, v, jnp.zeros((B, L), bool))
+  np.testing.assert_array_equal(out, np.zeros_like(out))
+
+
+def test_jit_and_vmap():
+  q, k, v = _inputs(jax.random.key(6))
+  ref = attention.linear_attention(q, k, v)
+  np.testing.assert_allclose(jax.jit(attention.linear_attention)(q, k, v), ref, rtol=1e-5,
+                             atol=1e-6)
+  per_example = jax.vmap(lambda a, b, c: attention.linear_attention(a[None], b[None],
+                                                                    c[None])[0])
+  np.testing.assert_allclose(per_example(q, k, v), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_input():
+  q, k, v = _inputs(jax.random.key(7))
+  with pytest.raises(ValueError, match='q_feat must have rank 4'):
+    attention.linear_attention(q[0], k, v)
+  with pytest.raises(ValueError, match='same shape'):
+    attention.linear_attention(q[:, :5], k, v)
+  with pytest.raises(ValueError, match='v must be'):
+    attention.linear_attention(q, k, v[:, :5])
+  with pytest.raises(ValueError, match=r'key_mask must have shape \[B, L\]'):
+    attention.linear_attention(q, k, v, jnp.ones((B, L + 1), bool))
+  with pytest.raises(ValueError, match='chunk_size must be an integer >= 1, got 0'):
+    attention.causal_linear_attention(q, k, v, chunk_size=0)
