@@ -6,12 +6,13 @@ Langevin dynamics; the learned feature map can then be used in any kernel
 method or in linear attention.
 
 Modules: ``features``, ``alignment``, ``repulsion``, ``hamiltonian``,
-``langevin``, ``parallel``, ``diagnostics``, ``synthetic``,
+``langevin``, ``parallel``, ``attention``, ``diagnostics``, ``synthetic``,
 ``importance_sampling`` (a baseline; import it explicitly). The most used names
 are re-exported here.
 """
 
 from coulomb_jax import alignment
+from coulomb_jax import attention
 from coulomb_jax import diagnostics
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
