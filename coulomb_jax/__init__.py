@@ -6,7 +6,8 @@ Langevin dynamics; the learned feature map can then be used in any kernel
 method or in linear attention.
 
 Modules: ``features``, ``alignment``, ``repulsion``, ``hamiltonian``,
-``langevin``, ``parallel``, ``attention``, ``diagnostics``, ``synthetic``,
+``langevin``, ``parallel``, ``attention``, ``models`` (Flax), ``diagnostics``,
+``synthetic``,
 ``importance_sampling`` (a baseline; import it explicitly). The most used names
 are re-exported here.
 """
@@ -17,6 +18,7 @@ from coulomb_jax import diagnostics
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
+from coulomb_jax import models
 from coulomb_jax import parallel
 from coulomb_jax import repulsion
 from coulomb_jax import synthetic

@@ -23,7 +23,7 @@ so the alignment splits into a sum of one-particle potentials (see
 """
 
 import math
-from typing import Callable, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +59,8 @@ def rff(x: jax.Array, omega: jax.Array) -> jax.Array:
 
 
 def favor(x: jax.Array, omega: jax.Array,
-          stabilize: Union[bool, int, Sequence[int]] = False) -> jax.Array:
+          stabilize: Union[bool, int, Sequence[int]] = False,
+          stabilize_mask: Optional[jax.Array] = None) -> jax.Array:
   r"""FAVOR+ positive random features, ``[..., N]``.
 
   φ(x) = exp(x Ωᵀ − ‖x‖²/2) / √N.  For ω ~ N(0, I), ⟨φ(x), φ(y)⟩ estimates
@@ -76,12 +77,19 @@ def favor(x: jax.Array, omega: jax.Array,
       tuple of axes of the ``[..., N]`` output takes the max over those axes,
       e.g. ``(-3, -1)`` for keys ``[B, L, H, N]``: one m per (batch, head),
       which also cancels in attention. ``False``: the exact formula above.
+    stabilize_mask: optional bool array broadcastable to ``x.shape[:-1]``; rows
+      where it is False (padded keys) do not enter the max, so padding can
+      neither shift the stabiliser nor make real features underflow. If every
+      row of a group is masked, that group's shift is 0.
   """
   x, s = _projection(x, omega)
   z = s - _half_sq_norm(x)
   if stabilize is not False:
     axes = -1 if stabilize is True else stabilize
-    z = z - jax.lax.stop_gradient(jnp.max(z, axis=axes, keepdims=True))
+    where = None if stabilize_mask is None else jnp.asarray(stabilize_mask)[..., None]
+    m = jnp.max(z, axis=axes, keepdims=True, where=where, initial=-jnp.inf)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    z = z - jax.lax.stop_gradient(m)
   return jnp.exp(z) / math.sqrt(omega.shape[0])
 
 

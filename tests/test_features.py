@@ -96,6 +96,19 @@ def test_favor_stabilize_over_given_axes():
                              rtol=1e-5)
 
 
+def test_favor_stabilize_mask_excludes_rows_from_the_max():
+  omega = features.sample_gaussian(jax.random.key(15), 16, 4)
+  real = 3.0 * jax.random.normal(jax.random.key(16), (2, 6, 4))
+  padded = jnp.concatenate([real, jnp.zeros((2, 3, 4))], axis=1)       # exponent 0 rows
+  mask = jnp.arange(9)[None, :] < 6
+  got = features.favor(padded, omega, stabilize=(-2, -1),
+                       stabilize_mask=jnp.broadcast_to(mask, (2, 9)))[:, :6]
+  np.testing.assert_allclose(got, features.favor(real, omega, stabilize=(-2, -1)),
+                             rtol=1e-6)
+  none = features.favor(real, omega, stabilize=True, stabilize_mask=jnp.zeros((2, 6), bool))
+  np.testing.assert_allclose(none, features.favor(real, omega), rtol=1e-6)  # shift 0
+
+
 @pytest.mark.parametrize('name', sorted(features.FEATURE_MAPS))
 def test_every_map_shape_scale_dtype_and_transforms(name):
   fm = features.get_feature_map(name)
