@@ -21,8 +21,6 @@ Writes ``attention.json`` and ``attention.md``.
 import datetime
 import json
 import os
-import statistics
-import time
 
 from absl import app
 from absl import flags
@@ -31,6 +29,7 @@ import jax.numpy as jnp
 
 from coulomb_jax import attention
 from coulomb_jax import features
+from benchmarks.timing import median_seconds
 from experiments import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
@@ -56,16 +55,6 @@ def linear(omega, q, k, v):
 def softmax(omega, q, k, v):
   del omega
   return jax.nn.dot_product_attention(q, k, v)
-
-
-def median_seconds(fn, *args, repeats):
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
 
 def peak_bytes():
@@ -127,7 +116,6 @@ def main(argv):
             f"Machine: {json.dumps(record['machine'])}  \n"
             f'B={_BATCH.value}, H={_HEADS.value}, D={_HEAD_DIM.value}, '
             f'M={_FEATURES.value} FAVOR+ features\n\n{table}\n')
-
 
 
 if __name__ == '__main__':

@@ -18,8 +18,6 @@ Prints a markdown table and writes ``hamiltonian_<map>.json`` and
 import datetime
 import json
 import os
-import statistics
-import time
 
 from absl import app
 from absl import flags
@@ -28,6 +26,7 @@ import jax.numpy as jnp
 
 import coulomb_jax as cj
 from coulomb_jax import hamiltonian as hl
+from benchmarks.timing import median_seconds
 from experiments import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
@@ -52,16 +51,6 @@ def naive_hamiltonian(omega, x, y):
 
 def fast_hamiltonian(omega, x, y):
   return hl.hamiltonian(omega, x, y, feature_map=_MAP.value, lam=LAM, s=S)
-
-
-def median_seconds(fn, *args, repeats):
-  jax.block_until_ready(fn(*args))                     # compile + warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
 
 def main(argv):

@@ -6,9 +6,9 @@ Langevin dynamics; the learned feature map can then be used in any kernel
 method or in linear attention.
 
 Modules: ``features``, ``alignment``, ``repulsion``, ``hamiltonian``,
-``langevin``, ``parallel``, ``attention``, ``models`` (Flax), ``diagnostics``,
-``synthetic``,
-``importance_sampling`` (a baseline; import it explicitly). The most used names
+``langevin``, ``parallel``, ``attention``, ``diagnostics``, ``synthetic``.
+Import these explicitly: ``models`` (the Flax modules; keeps flax out of
+``import coulomb_jax``) and ``importance_sampling`` (a baseline). The most used names
 are re-exported here.
 """
 
@@ -18,7 +18,6 @@ from coulomb_jax import diagnostics
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
-from coulomb_jax import models
 from coulomb_jax import parallel
 from coulomb_jax import repulsion
 from coulomb_jax import synthetic

@@ -1,5 +1,6 @@
-"""Where a result came from: git commit and machine, recorded with every output."""
+"""Where a result came from (git commit, machine), and atomic writes of results."""
 
+import json
 import os
 import platform
 import subprocess
@@ -26,3 +27,15 @@ def machine() -> dict:
           'cpu_count': os.cpu_count(), 'python': platform.python_version(),
           'jax': jax.__version__, 'platform': dev.platform, 'device_kind': dev.device_kind,
           'device_count': jax.device_count()}
+
+
+def write_atomic(path: str, text: str) -> None:
+  """Writes ``text`` to ``path`` through a temporary file and ``os.replace``:
+  a killed run leaves the old file or the new one, never half of one."""
+  with open(path + '.tmp', 'w') as f:
+    f.write(text)
+  os.replace(path + '.tmp', path)
+
+
+def write_json_atomic(path: str, obj, indent=None) -> None:
+  write_atomic(path, json.dumps(obj, indent=indent))

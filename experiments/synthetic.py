@@ -46,6 +46,7 @@ from coulomb_jax import _checks
 from coulomb_jax import importance_sampling
 from coulomb_jax import repulsion
 from coulomb_jax import synthetic
+from experiments import provenance
 from experiments import synthetic_report
 
 METHODS = ('logreg', 'rbf_svm', 'mkl', 'rff', 'importance', 'coulomb')
@@ -263,16 +264,14 @@ def run_study(config, workdir):
         raise ValueError(f'workdir {workdir!r} holds records of a different config '
                          f'(see {config_path}); use a new --workdir.')
   else:
-    _write_json(config_path, _fingerprint(config))
+    provenance.write_json_atomic(config_path, _fingerprint(config))
   path = os.path.join(workdir, 'records.jsonl')
   records, done = _load_done(path)
   # Rewrite the file with complete cells only, so a cut line never stays behind.
-  with open(path + '.tmp', 'w') as f:
-    for r in records:
-      f.write(json.dumps(r) + '\n')
-    for noise_index, seed in sorted(done):
-      f.write(json.dumps({'cell_done': True, 'noise_index': noise_index, 'seed': seed}) + '\n')
-  os.replace(path + '.tmp', path)
+  provenance.write_atomic(path, ''.join(
+      [json.dumps(r) + '\n' for r in records]
+      + [json.dumps({'cell_done': True, 'noise_index': i, 'seed': s}) + '\n'
+         for i, s in sorted(done)]))
   if done:
     print(f'resuming: {len(done)} cells already done', flush=True)
 
@@ -286,7 +285,7 @@ def run_study(config, workdir):
     for r in cell_records:
       r['commit'] = meta['commit']     # a resumed study may hold cells of several commits
     if (noise_index, seed) == trace_cell:
-      _write_json(os.path.join(workdir, 'histories.json'), cell_hist)
+      provenance.write_json_atomic(os.path.join(workdir, 'histories.json'), cell_hist)
     with open(path, 'a') as f:
       for r in cell_records:
         f.write(json.dumps(r) + '\n')
@@ -297,12 +296,6 @@ def run_study(config, workdir):
   results = synthetic_report.write_report(config, records, workdir, meta)
   print(results['markdown_summary'])
   return results
-
-
-def _write_json(path, obj):
-  with open(path + '.tmp', 'w') as f:
-    json.dump(obj, f)
-  os.replace(path + '.tmp', path)
 
 
 def main(argv):

@@ -25,6 +25,7 @@ import numpy as np
 
 import coulomb_jax as cj
 from coulomb_jax import synthetic
+from experiments import provenance
 from experiments import synthetic as study
 from experiments import synthetic_report
 
@@ -75,10 +76,8 @@ def main(argv):
     print(f'η {eta:<5g} β {beta:<8g} mean validation gain {np.mean(gains):+.4f}')
   if flags.FLAGS.workdir:
     os.makedirs(flags.FLAGS.workdir, exist_ok=True)
-    path = os.path.join(flags.FLAGS.workdir, 'pilot.json')
-    with open(path + '.tmp', 'w') as f:
-      json.dump({**meta, 'rows': rows}, f, indent=1)
-    os.replace(path + '.tmp', path)
+    provenance.write_json_atomic(os.path.join(flags.FLAGS.workdir, 'pilot.json'),
+                                 {**meta, 'rows': rows}, indent=1)
 
 
 if __name__ == '__main__':

@@ -254,16 +254,12 @@ def write_report(config, records, workdir, meta):
   results = {**meta, 'config': config.to_dict(),
              'records': [r for r in records if r['method'] != SELECTED],
              'markdown_summary': md}
-  with open(os.path.join(workdir, 'results.json.tmp'), 'w') as f:
-    json.dump(results, f, indent=1)
-  os.replace(os.path.join(workdir, 'results.json.tmp'), os.path.join(workdir, 'results.json'))
+  provenance.write_json_atomic(os.path.join(workdir, 'results.json'), results, indent=1)
   header = (f"# Synthetic study results\n\nCommand: `{meta['command']}`  \n"
             f"Commit: {meta['commit']} (records from: {', '.join(meta['record_commits'])})  \n"
             f"Date: {meta['date']}  \n"
             f"Machine: {json.dumps(meta['machine'])}\n")
-  with open(os.path.join(workdir, 'results.md.tmp'), 'w') as f:
-    f.write(header + md + '\n')
-  os.replace(os.path.join(workdir, 'results.md.tmp'), os.path.join(workdir, 'results.md'))
+  provenance.write_atomic(os.path.join(workdir, 'results.md'), header + md + '\n')
   results['figures'] = figures(config, records, workdir)
   return results
 

@@ -28,6 +28,7 @@ import coulomb_jax as cj
 from coulomb_jax import diagnostics
 from coulomb_jax import hamiltonian as hl
 from coulomb_jax import synthetic
+from experiments import provenance
 from experiments import synthetic_report
 
 
@@ -204,13 +205,8 @@ def run_theory(config, workdir):
              'sliced_wasserstein': sw_learned, 'sliced_wasserstein_initial': sw_initial,
              'kernel_spread': spread_vs_n_beta(config, spread_key, x, y, x_eval)}
   os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, 'theory.json')
-  with open(path + '.tmp', 'w') as f:
-    json.dump(results, f, indent=1)
-  os.replace(path + '.tmp', path)
-  with open(os.path.join(workdir, 'theory.md.tmp'), 'w') as f:
-    f.write(summary_markdown(results))
-  os.replace(os.path.join(workdir, 'theory.md.tmp'), os.path.join(workdir, 'theory.md'))
+  provenance.write_json_atomic(os.path.join(workdir, 'theory.json'), results, indent=1)
+  provenance.write_atomic(os.path.join(workdir, 'theory.md'), summary_markdown(results))
   print(summary_markdown(results))
   figures(results, workdir)
   return results
