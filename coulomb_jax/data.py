@@ -1,0 +1,445 @@
+"""Text-classification data: the paper's tasks, a WordPiece tokenizer, padded batches.
+
+Pipeline: ``load_split`` → ``train_tokenizer`` (on the training texts) →
+``encode`` → ``batches``. Python, numpy and the ``tokenizers`` library only; the
+batches are numpy arrays (no jax or tensorflow in the input pipeline).
+
+Tasks and splits (every task has ``'train'``, ``'validation'`` and ``'test'``;
+paths are relative to ``data_dir``, see the data README for the files):
+
+* ``sst2``: ``glue/SST-2/{train,dev}.tsv``. GLUE's test labels are hidden, so
+  ``'test'`` is GLUE dev (872 full sentences, what the paper reports on) and
+  ``'validation'`` is ``validation_size`` rows of train.tsv picked by
+  ``np.random.default_rng(validation_seed).permutation``; ``'train'`` is the
+  rest (66,349 rows by default). Unlike dev, these validation rows include
+  phrases as well as full sentences, so validation accuracy is not on the
+  test distribution. The trailing space GLUE leaves on every sentence is stripped.
+* ``rotten_tomatoes``: ``rotten_tomatoes/rt-polarity.{pos,neg}`` split exactly
+  as Hugging Face ``rotten_tomatoes`` does (latin-1, ``readlines``, ``strip``;
+  per class the first 80%, next 10%, last 10%; positives first; neg = 0,
+  pos = 1): 8,530 / 1,066 / 1,066. ``validation_size``/``validation_seed`` are
+  ignored (the split is fixed).
+* ``qqp_subset``: the 20k Quora pairs, ``glue/QQP/quora-pairs-20k/``:
+  ``train_10k.utf8.tsv`` gives ``'train'`` and ``'validation'`` (carved as for
+  sst2: 8,917 / 1,000) and ``heldout_10k.utf8.tsv`` is ``'test'`` (9,928).
+  About 50% duplicates, so scores are not comparable to GLUE QQP.
+* ``qqp``: full GLUE QQP, ``glue/QQP/{train,dev}.tsv`` (header
+  ``id qid1 qid2 question1 question2 is_duplicate``); ``'test'`` is dev.tsv and
+  validation is carved from train.tsv as for sst2. Not in the offline copy.
+
+QQP fields are parsed with ``csv`` (tab, default quoting: a quoted field with
+doubled inner quotes reads as the plain text); each record must be one line
+with the expected number of fields.
+"""
+
+import csv
+import os
+import tempfile
+from typing import Iterable, Iterator, NamedTuple, Optional
+
+import numpy as np
+import tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+from coulomb_jax import _checks
+
+TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset', 'qqp')
+SPLITS = ('train', 'validation', 'test')
+
+SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
+"""Ids 0..4 of a trained tokenizer; ``[PAD]`` is id 0 for every tokenizer here."""
+
+_QQP_HEADER = ['id', 'qid1', 'qid2', 'question1', 'question2', 'is_duplicate']
+
+
+class Examples(NamedTuple):
+  """``n`` labelled examples; ``text_b`` is ``None`` for single-sentence tasks."""
+  text_a: list[str]
+  text_b: Optional[list[str]]
+  labels: np.ndarray  # [n] int32 in {0, 1}
+
+
+class Encoded(NamedTuple):
+  """``n`` token sequences, ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``."""
+  ids: list[np.ndarray]       # n × [length_i] int32, length_i <= max_length
+  segments: list[np.ndarray]  # n × [length_i] int32: 0 for [CLS] a [SEP], 1 for b [SEP]
+  labels: np.ndarray          # [n] int32
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _require_file(path: str, hint: str = '') -> None:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'data file {path} not found.{hint}')
+
+
+def _labels(values: list[str], path: str) -> np.ndarray:
+  try:
+    labels = np.array([int(v) for v in values], np.int32)
+  except ValueError as e:
+    raise ValueError(f'{path}: non-integer label ({e}).') from None
+  if labels.size and not np.all((labels == 0) | (labels == 1)):
+    raise ValueError(f'{path}: labels must be 0 or 1, got {sorted(set(labels.tolist()))}.')
+  return labels
+
+
+def _read_sst2(path: str) -> Examples:
+  """GLUE SST-2 train/dev: header ``sentence\\tlabel``, no quoting."""
+  _require_file(path, ' Expected the GLUE SST-2 files (glue/SST-2/{train,dev}.tsv).')
+  with open(path, encoding='utf-8') as f:
+    lines = f.read().split('\n')
+  if lines[0] != 'sentence\tlabel':
+    raise ValueError(f'{path}: expected the header "sentence\\tlabel", got {lines[0]!r}.')
+  texts, labels = [], []
+  for number, line in enumerate(lines[1:], start=2):
+    if not line:
+      continue
+    fields = line.split('\t')
+    if len(fields) != 2:
+      raise ValueError(f'{path}:{number}: expected 2 tab-separated fields, got {len(fields)}.')
+    texts.append(fields[0].strip())
+    labels.append(fields[1])
+  return Examples(texts, None, _labels(labels, path))
+
+
+def _read_tsv(path: str, num_fields: int, header: Optional[list[str]]) -> list[list[str]]:
+  """csv rows (tab, default quoting); each record must be exactly one line."""
+  with open(path, encoding='utf-8', newline='') as f:
+    reader = csv.reader(f, delimiter='\t')
+    rows = []
+    for row in reader:
+      line = reader.line_num
+      if len(rows) + 1 != line:
+        raise ValueError(f'{path}:{len(rows) + 1}: a quoted field runs on to line {line}.')
+      if len(row) != num_fields:
+        raise ValueError(f'{path}:{line}: expected {num_fields} fields, got {len(row)}.')
+      rows.append(row)
+  if header is not None:
+    if not rows or rows[0] != header:
+      raise ValueError(f'{path}: expected the header {header}, got {rows[:1]}.')
+    rows = rows[1:]
+  return rows
+
+
+def _read_qqp_subset(path: str) -> Examples:
+  """``is_duplicate \\t question1 \\t question2 \\t id``, no header."""
+  _require_file(path, ' Expected the 20k Quora pairs (glue/QQP/quora-pairs-20k/).')
+  rows = _read_tsv(path, 4, None)
+  return Examples([r[1] for r in rows], [r[2] for r in rows], _labels([r[0] for r in rows], path))
+
+
+def _read_qqp_glue(path: str) -> Examples:
+  """GLUE QQP train/dev: ``id qid1 qid2 question1 question2 is_duplicate``."""
+  _require_file(
+      path, " Task 'qqp' expects the full GLUE QQP train.tsv and dev.tsv (header "
+      "'id qid1 qid2 question1 question2 is_duplicate') in glue/QQP/; they are not in "
+      "the offline data copy. The 20k Quora-pairs subset that is there is task 'qqp_subset'.")
+  rows = _read_tsv(path, 6, _QQP_HEADER)
+  return Examples([r[3] for r in rows], [r[4] for r in rows], _labels([r[5] for r in rows], path))
+
+
+def _read_rotten_tomatoes(data_dir: str, split: str) -> Examples:
+  """The Hugging Face ``rotten_tomatoes`` split of the MR files."""
+  per_class = []
+  for name in ('rt-polarity.pos', 'rt-polarity.neg'):
+    path = os.path.join(data_dir, 'rotten_tomatoes', name)
+    _require_file(path, ' Expected the MR sentence-polarity files rt-polarity.{pos,neg}.')
+    with open(path, encoding='latin-1') as f:
+      lines = [line.strip() for line in f.readlines()]
+    n = len(lines)
+    i1, i2 = int(n * 0.8 + 0.5), int(n * 0.9 + 0.5)
+    per_class.append({'train': lines[:i1], 'validation': lines[i1:i2], 'test': lines[i2:]}[split])
+  pos, neg = per_class
+  labels = np.concatenate([np.ones(len(pos), np.int32), np.zeros(len(neg), np.int32)])
+  return Examples(pos + neg, None, labels)
+
+
+def _take(examples: Examples, index: np.ndarray) -> Examples:
+  text_b = None if examples.text_b is None else [examples.text_b[i] for i in index]
+  return Examples([examples.text_a[i] for i in index], text_b, examples.labels[index])
+
+
+_FILES = {  # task → (file of train+validation, file of test, reader)
+    'sst2': ('glue/SST-2/train.tsv', 'glue/SST-2/dev.tsv', _read_sst2),
+    'qqp_subset': ('glue/QQP/quora-pairs-20k/train_10k.utf8.tsv',
+                   'glue/QQP/quora-pairs-20k/heldout_10k.utf8.tsv', _read_qqp_subset),
+    'qqp': ('glue/QQP/train.tsv', 'glue/QQP/dev.tsv', _read_qqp_glue),
+}
+
+
+def load_split(task: str, data_dir: str, split: str, *, validation_size: int = 1000,
+               validation_seed: int = 0) -> Examples:
+  """One split of a task (see the module docstring); examples keep file order.
+
+  For sst2, qqp_subset and qqp, 'validation' is rows ``perm[:validation_size]`` of
+  the training file and 'train' the rows ``perm[validation_size:]``, with
+  ``perm = np.random.default_rng(validation_seed).permutation(num_rows)``; both
+  are disjoint and sorted back into file order.
+  """
+  if task not in TASKS:
+    raise ValueError(f'task must be one of {TASKS}, got {task!r}.')
+  if split not in SPLITS:
+    raise ValueError(f'split must be one of {SPLITS}, got {split!r}.')
+  validation_size = _checks.check_int('validation_size', validation_size, 0)
+  validation_seed = _checks.check_int('validation_seed', validation_seed, 0)
+  if task == 'rotten_tomatoes':
+    return _read_rotten_tomatoes(data_dir, split)
+  train_file, test_file, read = _FILES[task]
+  if split == 'test':
+    return read(os.path.join(data_dir, test_file))
+  path = os.path.join(data_dir, train_file)
+  examples = read(path)
+  n = len(examples.labels)
+  if validation_size >= n:
+    raise ValueError(
+        f'validation_size must be < the {n} rows of {path}, got {validation_size}.')
+  perm = np.random.default_rng(validation_seed).permutation(n)
+  index = perm[:validation_size] if split == 'validation' else perm[validation_size:]
+  return _take(examples, np.sort(index))
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def _bert_tokenizer(vocab: Optional[dict[str, int]]) -> tokenizers.Tokenizer:
+  """An uncased BERT-style WordPiece pipeline (no post-processor, no padding).
+
+  BertNormalizer lower-cases, strips accents (NFD, drop combining marks: as
+  bert-base-uncased does), removes control characters and spaces out CJK
+  characters; BertPreTokenizer splits on whitespace and punctuation.
+  """
+  model = models.WordPiece(vocab, unk_token='[UNK]', continuing_subword_prefix='##',
+                           max_input_chars_per_word=100)
+  tok = tokenizers.Tokenizer(model)
+  tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                              strip_accents=True, lowercase=True)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tok.decoder = decoders.WordPiece(prefix='##')
+  if vocab is not None:
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+  return tok
+
+
+def _check_special_tokens(tok: tokenizers.Tokenizer, source: str) -> None:
+  missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+  if missing or tok.token_to_id('[PAD]') != 0:
+    raise ValueError(f'{source} must hold the tokens {SPECIAL_TOKENS} with [PAD] = 0; '
+                     f'missing {missing}, [PAD] = {tok.token_to_id("[PAD]")}.')
+
+
+def _continuation_chars(tok: tokenizers.Tokenizer, texts: list[str]) -> list[str]:
+  """The characters that occur after the first character of a pre-tokenized word.
+
+  BertNormalizer maps all whitespace to ' ', so splitting its output on ' ' and
+  pre-tokenizing the distinct pieces gives the same words, much faster.
+  """
+  pieces = set()
+  for start in range(0, len(texts), 4096):
+    pieces.update(tok.normalizer.normalize_str('\n'.join(texts[start:start + 4096])).split(' '))
+  chars = set()
+  for word, _ in tok.pre_tokenizer.pre_tokenize_str(' '.join(pieces)):
+    chars.update(word[1:])
+  return sorted(chars)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, *,
+                    min_frequency: int = 2) -> tokenizers.Tokenizer:
+  """An uncased WordPiece tokenizer trained on ``texts``; deterministic.
+
+  ``tokenizers``' WordPiece trainer (BPE merges with a ``##`` prefix) numbers the
+  ``##c`` continuation characters in hash order, and ties between merges follow
+  those ids, so two runs on the same texts can give different vocabularies.
+  Passing the sorted ``##c`` tokens up front (as extra special tokens of the
+  trainer) fixes their ids and makes training deterministic; the returned
+  tokenizer is rebuilt from the vocabulary, so only ``SPECIAL_TOKENS`` are special.
+  The vocabulary holds at most ``vocab_size`` tokens, unless the special tokens
+  and the characters alone are more; ``min_frequency`` is the least count of a merge.
+  """
+  texts = list(texts)
+  if not texts:
+    raise ValueError('texts must hold at least one text, got none.')
+  vocab_size = _checks.check_int('vocab_size', vocab_size, len(SPECIAL_TOKENS) + 1)
+  min_frequency = _checks.check_int('min_frequency', min_frequency, 0)
+  tok = _bert_tokenizer(None)
+  continuation = ['##' + c for c in _continuation_chars(tok, texts)]
+  trainer = trainers.WordPieceTrainer(
+      vocab_size=vocab_size, min_frequency=min_frequency,
+      special_tokens=list(SPECIAL_TOKENS) + continuation,
+      continuing_subword_prefix='##', show_progress=False)
+  tok.train_from_iterator(texts, trainer, length=len(texts))
+  trained = _bert_tokenizer(tok.get_vocab(with_added_tokens=False))
+  _check_special_tokens(trained, 'the trained vocabulary')
+  return trained
+
+
+def save_tokenizer(tok: tokenizers.Tokenizer, path: str) -> None:
+  """Writes ``tok`` as ``tokenizers`` JSON, atomically (a temporary file, then rename)."""
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  with tempfile.NamedTemporaryFile('w', encoding='utf-8', dir=directory, delete=False,
+                                   prefix='.tokenizer-', suffix='.tmp') as f:
+    f.write(tok.to_str())
+  os.replace(f.name, path)
+
+
+def load_tokenizer(path: str) -> tokenizers.Tokenizer:
+  """Reads a tokenizer written by ``save_tokenizer`` (checks ``[PAD]`` = 0)."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'tokenizer file {path} not found.')
+  tok = tokenizers.Tokenizer.from_file(path)
+  _check_special_tokens(tok, f'the tokenizer in {path}')
+  return tok
+
+
+def load_vocab_tokenizer(vocab_file: str) -> tokenizers.Tokenizer:
+  """The uncased pipeline with a BERT ``vocab.txt`` (one token a line, id = line).
+
+  With bert-base-uncased's vocab.txt this tokenizes like ``BertWordPieceTokenizer``
+  (lowercase=True); the file must hold ``SPECIAL_TOKENS`` with ``[PAD]`` first.
+  """
+  if not os.path.isfile(vocab_file):
+    raise FileNotFoundError(f'vocab_file {vocab_file} not found.')
+  tok = _bert_tokenizer(models.WordPiece.read_file(vocab_file))
+  _check_special_tokens(tok, f'vocab_file {vocab_file}')
+  return tok
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def _pair_lengths(len_a: np.ndarray, len_b: np.ndarray, budget: int):
+  """BERT's longest-first truncation in closed form.
+
+  BERT pops the last token of ``a`` while ``len(a) > len(b)``, else of ``b``, until
+  ``len(a) + len(b) <= budget``. So a short side (≤ budget / 2) is kept whole and
+  the long side cut to fill the budget; otherwise a keeps ⌈budget/2⌉ and b ⌊budget/2⌋.
+  """
+  short_side = 2 * np.minimum(len_a, len_b) <= budget
+  a_shorter = len_a <= len_b
+  cut_a = np.where(short_side, np.where(a_shorter, len_a, budget - len_b), (budget + 1) // 2)
+  cut_b = np.where(short_side, np.where(a_shorter, budget - len_a, len_b), budget // 2)
+  fits = len_a + len_b <= budget
+  return np.where(fits, len_a, cut_a), np.where(fits, len_b, cut_b)
+
+
+def encode(tok: tokenizers.Tokenizer, examples: Examples, max_length: int) -> Encoded:
+  """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` ids, truncated to ``max_length``.
+
+  Pairs are truncated longest first (as BERT); the final ``[SEP]`` is always kept.
+  ``tok`` must have no padding or truncation set (they would change the ids).
+  """
+  pair = examples.text_b is not None
+  max_length = _checks.check_int('max_length', max_length, 3 if pair else 2)
+  n = len(examples.text_a)
+  if len(examples.labels) != n or (pair and len(examples.text_b) != n):
+    raise ValueError(
+        f'examples must have one label (and text_b) per text_a: {n} text_a, '
+        f'{len(examples.labels)} labels, '
+        f'{None if not pair else len(examples.text_b)} text_b.')
+  if tok.padding is not None or tok.truncation is not None:
+    raise ValueError(f'tok must have no padding or truncation set, got padding='
+                     f'{tok.padding}, truncation={tok.truncation}.')
+  _check_special_tokens(tok, 'tok')
+  cls, sep = tok.token_to_id('[CLS]'), tok.token_to_id('[SEP]')
+
+  def token_ids(texts):
+    return [e.ids for e in tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+  ids_a = token_ids(examples.text_a)
+  len_a = np.array([len(x) for x in ids_a], np.int64)
+  if not pair:
+    keep_a = np.minimum(len_a, max_length - 2)
+    ids = [np.array([cls] + a[:k] + [sep], np.int32) for a, k in zip(ids_a, keep_a.tolist())]
+    segments = [np.zeros(len(x), np.int32) for x in ids]
+    return Encoded(ids, segments, np.asarray(examples.labels, np.int32))
+  ids_b = token_ids(examples.text_b)
+  len_b = np.array([len(x) for x in ids_b], np.int64)
+  keep_a, keep_b = _pair_lengths(len_a, len_b, max_length - 3)
+  ids, segments = [], []
+  for a, b, ka, kb in zip(ids_a, ids_b, keep_a.tolist(), keep_b.tolist()):
+    ids.append(np.array([cls] + a[:ka] + [sep] + b[:kb] + [sep], np.int32))
+    seg = np.ones(ka + kb + 3, np.int32)
+    seg[:ka + 2] = 0
+    segments.append(seg)
+  return Encoded(ids, segments, np.asarray(examples.labels, np.int32))
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+def num_batches(n: int, batch_size: int, drop_remainder: bool) -> int:
+  """How many batches ``batches`` yields for ``n`` examples."""
+  n = _checks.check_int('n', n, 0)
+  batch_size = _checks.check_int('batch_size', batch_size, 1)
+  return n // batch_size if drop_remainder else -(-n // batch_size)
+
+
+def _batch_indices(lengths: np.ndarray, batch_size: int, seed: Optional[int], epoch: int,
+                   bucket_size: int, drop_remainder: bool) -> list[np.ndarray]:
+  n = len(lengths)
+  keep = num_batches(n, batch_size, True) * batch_size if drop_remainder else n
+  if seed is None:
+    order = np.arange(keep)
+    return [order[i:i + batch_size] for i in range(0, keep, batch_size)]
+  rng = np.random.default_rng((seed, epoch))
+  order = rng.permutation(n)[:keep]  # A dropped remainder is a random set of examples.
+  chunk = bucket_size * batch_size
+  out = []
+  for start in range(0, keep, chunk):
+    bucket = order[start:start + chunk]
+    bucket = bucket[np.argsort(lengths[bucket], kind='stable')]
+    out.extend(bucket[i:i + batch_size] for i in range(0, len(bucket), batch_size))
+  return [out[i] for i in rng.permutation(len(out))]
+
+
+def _make_batch(encoded: Encoded, lengths: np.ndarray, index: np.ndarray, batch_size: int,
+                pad_multiple: int) -> dict[str, np.ndarray]:
+  size = max(1, -(-int(lengths[index].max()) // pad_multiple)) * pad_multiple
+  ids = np.zeros((batch_size, size), np.int32)  # [PAD] = 0.
+  segments = np.zeros((batch_size, size), np.int32)
+  for row, i in enumerate(index.tolist()):
+    ids[row, :lengths[i]] = encoded.ids[i]
+    segments[row, :lengths[i]] = encoded.segments[i]
+  row_lengths = np.zeros(batch_size, np.int64)
+  row_lengths[:len(index)] = lengths[index]
+  labels = np.zeros(batch_size, np.int32)
+  labels[:len(index)] = encoded.labels[index]
+  weights = np.zeros(batch_size, np.float32)
+  weights[:len(index)] = 1.0
+  return {'ids': ids, 'segments': segments,
+          'mask': np.arange(size)[None, :] < row_lengths[:, None],
+          'labels': labels, 'weights': weights}
+
+
+def batches(encoded: Encoded, batch_size: int, *, seed: Optional[int] = None, epoch: int = 0,
+            pad_multiple: int = 16, bucket_size: int = 64,
+            drop_remainder: bool = False) -> Iterator[dict[str, np.ndarray]]:
+  """Padded batches of ``batch_size`` rows, one pass over ``encoded``.
+
+  Each batch: ``ids, segments: [B, L]`` int32, ``mask: [B, L]`` bool (True on
+  real tokens), ``labels: [B]`` int32, ``weights: [B]`` float32 (0 on padding
+  rows), with ``B = batch_size`` and ``L`` the batch's longest sequence rounded up
+  to a multiple of ``pad_multiple``. A short last batch is filled with all-[PAD]
+  rows of weight 0 and label 0, or dropped when ``drop_remainder``.
+
+  ``seed=None`` keeps the examples in order (evaluation). With a seed, the order
+  is a permutation drawn from ``default_rng((seed, epoch))``; every ``bucket_size``
+  batches' worth of it is sorted by length and cut into batches (few padded
+  tokens), and the batches are shuffled. Arguments are checked on the call.
+  """
+  batch_size = _checks.check_int('batch_size', batch_size, 1)
+  pad_multiple = _checks.check_int('pad_multiple', pad_multiple, 1)
+  bucket_size = _checks.check_int('bucket_size', bucket_size, 1)
+  epoch = _checks.check_int('epoch', epoch, 0)
+  if seed is not None:
+    seed = _checks.check_int('seed', seed, 0)
+  n = len(encoded.ids)
+  if len(encoded.segments) != n or len(encoded.labels) != n:
+    raise ValueError(f'encoded must have as many segments and labels as ids: {n} ids, '
+                     f'{len(encoded.segments)} segments, {len(encoded.labels)} labels.')
+  lengths = np.array([len(x) for x in encoded.ids], np.int64)
+  labels = np.asarray(encoded.labels, np.int32)
+  encoded = encoded._replace(labels=labels)
+  indices = _batch_indices(lengths, batch_size, seed, epoch, bucket_size, drop_remainder)
+  return (_make_batch(encoded, lengths, index, batch_size, pad_multiple) for index in indices)
