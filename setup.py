@@ -22,11 +22,17 @@ setuptools.setup(
         'numpy>=1.26',
         'ml-collections>=0.1.1',
         'absl-py>=2.0',
+        # coulomb_jax.data: uncased WordPiece trained on the training split (no network
+        # for bert-base-uncased's vocabulary); a fast, well-kept Rust implementation.
+        'tokenizers>=0.23',
     ],
     extras_require={
         # The synthetic study's baselines (logistic regression, SVMs) and figures:
         # scikit-learn and matplotlib do these better than code we would write.
-        'experiments': ['scikit-learn>=1.3', 'matplotlib>=3.7', 'scipy>=1.10'],
+        # experiments/train.py: orbax for atomic, resumable checkpoints and tensorboardX
+        # for TensorBoard scalars without tensorflow.
+        'experiments': ['scikit-learn>=1.3', 'matplotlib>=3.7', 'scipy>=1.10',
+                        'orbax-checkpoint>=0.11', 'tensorboardX>=2.6'],
         # nbclient/nbformat/ipykernel execute the Colab notebooks in the test suite.
         'test': ['pytest>=8', 'hypothesis>=6', 'nbclient>=0.9', 'nbformat>=5.9',
                  'ipykernel>=6.25'],

@@ -16,7 +16,6 @@ two terms for logging.
 from typing import Dict, Tuple, Union
 
 import jax
-import jax.numpy as jnp
 
 from coulomb_jax import _checks
 from coulomb_jax import alignment

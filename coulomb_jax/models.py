@@ -27,6 +27,20 @@ from coulomb_jax import attention
 from coulomb_jax import features
 
 QK_MODES = ('shared', 'projected')
+ATTENTION_KINDS = ('kernel', 'softmax', 'linformer')
+
+
+def masked_mean(x: jax.Array, mask: Optional[jax.Array], axis: int = 1) -> jax.Array:
+  """Mean of ``x: [B, L, ...]`` over real tokens (``mask: [B, L]``); 0 for empty rows.
+
+  The count is guarded (max(count, 1)), so fully padded rows give zeros, not NaN.
+  """
+  if mask is None:
+    return jnp.mean(x, axis=axis)
+  m = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim)).astype(x.dtype)
+  total = jnp.sum(x * m, axis=axis)
+  count = jnp.maximum(jnp.sum(m, axis=axis), 1.0)
+  return total / count
 
 
 def init_particles(key, shape, dtype=jnp.float32, *, orthogonal=False):
@@ -86,7 +100,127 @@ class KernelAttention(nn.Module):
     else:
       q_map = k_map = fm
     # One feature map per head: vmap over the head axis of inputs and particles.
+    # Phase A's data: the per-head mean over real tokens of the (scaled) keys,
+    # ``[B, H, D_h]``; collected with ``mutable=['intermediates']``.
+    self.sow('intermediates', 'phase_a_inputs', masked_mean(k * scale, mask, axis=1))
     per_head = lambda f, a: jax.vmap(f, in_axes=(2, 0), out_axes=2)(a * scale, particles)
     out_fn = attention.causal_linear_attention if self.causal else attention.linear_attention
     out = out_fn(per_head(q_map, q), per_head(k_map, k), v, mask)
     return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
+
+
+class LinformerAttention(nn.Module):
+  r"""Linformer (Wang et al. 2020): keys and values projected along the length.
+
+  K' = Eᵀ K and V' = Fᵀ V with E, F: ``[max_length, P]`` shared by the heads;
+  out = softmax(Q K'ᵀ/√D_h) V'. Padded keys and values are zeroed before the
+  projection, so padding changes nothing; E and F are sliced to the batch's L.
+  """
+  num_heads: int
+  max_length: int = 128
+  proj_length: int = 64
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    b, length, width = x.shape
+    if width % self.num_heads:
+      raise ValueError(f'input width {width} is not divisible by num_heads={self.num_heads}.')
+    if length > self.max_length:
+      raise ValueError(f'sequence length {length} exceeds max_length={self.max_length}.')
+    head_dim = width // self.num_heads
+    dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, head_dim))
+    q, k, v = dense(name='query')(x), dense(name='key')(x), dense(name='value')(x)
+    if mask is not None:
+      keep = mask[:, :, None, None]
+      k, v = jnp.where(keep, k, 0.0), jnp.where(keep, v, 0.0)
+    init = nn.initializers.normal(stddev=self.proj_length ** -0.5)
+    e = self.param('proj_key', init, (self.max_length, self.proj_length))[:length]
+    f = self.param('proj_value', init, (self.max_length, self.proj_length))[:length]
+    k = jnp.einsum('blhd,lp->bphd', k, e)
+    v = jnp.einsum('blhd,lp->bphd', v, f)
+    logits = jnp.einsum('bqhd,bphd->bhqp', q, k) / jnp.sqrt(head_dim).astype(q.dtype)
+    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(v.dtype)
+    out = jnp.einsum('bhqp,bphd->bqhd', weights, v)
+    return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
+
+
+class SoftmaxAttention(nn.Module):
+  """Softmax attention (Vaswani et al.): flax's dot-product attention, keys masked."""
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    attn_mask = None if mask is None else nn.make_attention_mask(mask, mask)
+    return nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name='mha')(
+        x, x, mask=attn_mask, deterministic=True)
+
+
+class EncoderLayer(nn.Module):
+  """Pre-LayerNorm Transformer block: x + Attn(LN x), then x + FFN(LN x)."""
+  attention: nn.Module
+  ffn_dim: int
+  dropout_rate: float
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool):
+    drop = nn.Dropout(self.dropout_rate, deterministic=deterministic)
+    x = x + drop(self.attention(nn.LayerNorm(name='ln_attention')(x), mask))
+    h = nn.LayerNorm(name='ln_ffn')(x)
+    h = nn.Dense(self.ffn_dim, name='ffn_in')(h)
+    h = nn.Dense(x.shape[-1], name='ffn_out')(nn.gelu(h))
+    return x + drop(h)
+
+
+class EncoderClassifier(nn.Module):
+  """Token + position (+ segment) embeddings, ``num_layers`` blocks, mean pooling, logits.
+
+  ``attention`` picks the block's attention: ``"kernel"`` (``KernelAttention``:
+  the Vanilla-X / Kernel-X models, and Performer with ``feature_map="favor"``,
+  ``qk_mode="projected"``, ``orthogonal=True``), ``"softmax"`` or ``"linformer"``.
+  Call with ``ids, segments: [B, L]`` int and ``mask: [B, L]`` bool (True = real
+  token); returns ``[B, num_classes]`` float32 logits. Padding changes neither.
+  """
+  vocab_size: int
+  num_classes: int = 2
+  max_length: int = 128
+  width: int = 128
+  num_layers: int = 2
+  num_heads: int = 2
+  ffn_dim: int = 256
+  dropout_rate: float = 0.1
+  attention: str = 'kernel'
+  feature_map: str = 'favor'
+  num_features: int = 256
+  qk_mode: str = 'shared'
+  orthogonal: bool = False
+  linformer_length: int = 64
+
+  def _attention(self, index):
+    name = f'attention_{index}'
+    if self.attention == 'kernel':
+      return KernelAttention(num_heads=self.num_heads, feature_map=self.feature_map,
+                             num_features=self.num_features, qk_mode=self.qk_mode,
+                             orthogonal=self.orthogonal, name=name)
+    if self.attention == 'softmax':
+      return SoftmaxAttention(num_heads=self.num_heads, name=name)
+    if self.attention == 'linformer':
+      return LinformerAttention(num_heads=self.num_heads, max_length=self.max_length,
+                                proj_length=self.linformer_length, name=name)
+    raise ValueError(f'attention must be one of {ATTENTION_KINDS}, got {self.attention!r}.')
+
+  @nn.compact
+  def __call__(self, ids, segments, mask, *, deterministic: bool = True):
+    length = ids.shape[1]
+    if length > self.max_length:
+      raise ValueError(f'ids: length {length} exceeds max_length={self.max_length}.')
+    embed_init = nn.initializers.normal(stddev=0.02)
+    x = nn.Embed(self.vocab_size, self.width, embedding_init=embed_init, name='tokens')(ids)
+    x = x + nn.Embed(2, self.width, embedding_init=embed_init, name='segments')(segments)
+    pos = self.param('positions', embed_init, (self.max_length, self.width))
+    x = x + pos[None, :length]
+    x = nn.Dropout(self.dropout_rate, deterministic=deterministic)(x)
+    for i in range(self.num_layers):
+      x = EncoderLayer(self._attention(i), self.ffn_dim, self.dropout_rate,
+                       name=f'layer_{i}')(x, mask, deterministic)
+    pooled = masked_mean(nn.LayerNorm(name='ln_final')(x), mask, axis=1)
+    return nn.Dense(self.num_classes, name='classifier')(pooled).astype(jnp.float32)

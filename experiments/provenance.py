@@ -1,9 +1,11 @@
 """Where a result came from (git commit, machine), and atomic writes of results."""
 
+import datetime
 import json
 import os
 import platform
 import subprocess
+import sys
 
 import jax
 
@@ -39,3 +41,11 @@ def write_atomic(path: str, text: str) -> None:
 
 def write_json_atomic(path: str, obj, indent=None) -> None:
   write_atomic(path, json.dumps(obj, indent=indent))
+
+
+def run_metadata(module: str) -> dict:
+  """Command, commit, start date and machine: taken when a run of ``module`` starts."""
+  return {'command': ' '.join(['python', '-m', module] + sys.argv[1:]),
+          'commit': git_commit(),
+          'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+          'machine': machine()}

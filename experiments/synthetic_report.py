@@ -8,10 +8,8 @@ seeds with 95% Student-t intervals; "Δ" columns are paired differences (same
 data set and initial draw) between two methods.
 """
 
-import datetime
 import json
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -235,11 +233,8 @@ def _save(fig, workdir, name):
 
 
 def run_metadata(module='experiments.synthetic'):
-  """Command, commit, start date and machine: taken when a run of ``module`` starts."""
-  return {'command': ' '.join(['python', '-m', module] + sys.argv[1:]),
-          'commit': provenance.git_commit(),
-          'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-          'machine': provenance.machine()}
+  """``provenance.run_metadata`` with the study as the default module."""
+  return provenance.run_metadata(module)
 
 
 def write_report(config, records, workdir, meta):

@@ -77,3 +77,78 @@ def test_padded_keys_do_not_set_the_favor_stabiliser():
   assert np.all(np.isfinite(out)) and float(jnp.max(jnp.abs(out))) > 0
   np.testing.assert_allclose(module.apply(params, pad, mask)[:, :L], out, rtol=1e-4,
                              atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- encoder
+
+VOCAB = 50
+
+
+def _tokens(lengths, length, key=3):
+  ids = jax.random.randint(jax.random.key(key), (len(lengths), length), 1, VOCAB)
+  mask = jnp.arange(length)[None] < jnp.asarray(lengths)[:, None]
+  ids = jnp.where(mask, ids, 0)
+  return ids, jnp.zeros_like(ids), mask
+
+
+ENCODERS = {
+    'kernel-favor': dict(attention='kernel', feature_map='favor'),
+    'kernel-softmaxfeat': dict(attention='kernel', feature_map='softmaxfeat'),
+    'performer': dict(attention='kernel', feature_map='favor', qk_mode='projected',
+                      orthogonal=True),
+    'softmax': dict(attention='softmax'),
+    'linformer': dict(attention='linformer', linformer_length=8),
+}
+
+
+def _encoder(**kw):
+  return models.EncoderClassifier(vocab_size=VOCAB, max_length=32, width=16, num_heads=2,
+                                  ffn_dim=32, num_features=8, **kw)
+
+
+@pytest.mark.parametrize('name', sorted(ENCODERS))
+def test_encoder_padding_changes_neither_logits_nor_gradients(name):
+  model = _encoder(**ENCODERS[name])
+  ids, seg, mask = _tokens([12, 5, 1], 12)
+  params = model.init(jax.random.key(0), ids, seg, mask)['params']
+  pad = lambda a: jnp.pad(a, ((0, 0), (0, 20)))
+
+  def loss(p, ids, seg, mask):
+    return jnp.sum(model.apply({'params': p}, ids, seg, mask) ** 2)
+
+  grad_fn = jax.jit(jax.value_and_grad(loss))
+  short, g_short = grad_fn(params, ids, seg, mask)
+  long_, g_long = grad_fn(params, pad(ids), pad(seg), pad(mask))
+  np.testing.assert_allclose(long_, short, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g_short), jax.tree.leaves(g_long)):
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_encoder_has_particles_only_for_kernel_attention():
+  ids, seg, mask = _tokens([4, 2], 8)
+  for name, kw in ENCODERS.items():
+    params = jax.eval_shape(_encoder(**kw).init, jax.random.key(0), ids, seg, mask)['params']
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    has = any('particles' in jax.tree_util.keystr(p) for p, _ in leaves)
+    assert has == (kw['attention'] == 'kernel'), name
+
+
+def test_encoder_bf16_inputs_stay_finite_and_fully_padded_rows_are_zero_safe():
+  model = _encoder(attention='kernel', feature_map='favor')
+  ids, seg, mask = _tokens([6, 0], 8)      # the second row is all padding
+  params = model.init(jax.random.key(0), ids, seg, mask)['params']
+  bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+  apply = jax.jit(model.apply)
+  for p in (params, bf16):
+    logits = apply({'params': p}, ids, seg, mask)
+    assert logits.dtype == jnp.float32
+    assert np.all(np.isfinite(np.asarray(logits)))
+
+
+def test_encoder_rejects_too_long_input_and_unknown_attention():
+  ids, seg, mask = _tokens([40], 40)
+  with pytest.raises(ValueError, match='max_length'):
+    _encoder().init(jax.random.key(0), ids, seg, mask)
+  ids, seg, mask = _tokens([4], 4)
+  with pytest.raises(ValueError, match="attention must be one of"):
+    _encoder(attention='bogus').init(jax.random.key(0), ids, seg, mask)

@@ -1,0 +1,159 @@
+r"""Shared config of the text-classification runs (SST-2, Rotten Tomatoes, QQP).
+
+Not a launch config itself: ``configs/{sst2,rotten_tomatoes,qqp}.py`` call
+``get_text_config(task, variant)``. A variant string is a comma-separated list:
+one model variant (``kernel-<map>``, ``vanilla-<map>``, ``softmax``, ``performer``,
+``linformer``; default ``kernel-favor``) and optional modifiers (``quick``: a
+tiny smoke-sized run). Example:
+
+  python -m experiments.train --config=configs/sst2.py:kernel-porf_softplus --workdir=workdir/sst2/kernel-porf_softplus/seed0
+
+Every field can be overridden on the command line (``--config.seed=1``).
+"""
+
+import ml_collections
+
+from coulomb_jax import features
+
+# The seven attention feature maps of the paper; each is a Vanilla-X and a Kernel-X variant.
+MAPS = tuple(m for m in features.ATTENTION_FEATURE_MAPS)
+BASELINES = ('softmax', 'performer', 'linformer')
+VARIANTS = tuple(f'{kind}-{m}' for kind in ('vanilla', 'kernel') for m in MAPS) + BASELINES
+MODIFIERS = ('quick',)
+
+
+def parse_variant(variant: str):
+  """``'kernel-favor,quick'`` → ``('kernel-favor', {'quick'})``; ValueError if unknown."""
+  parts = [p for p in variant.split(',') if p]
+  names = [p for p in parts if p not in MODIFIERS]
+  if len(names) > 1 or (names and names[0] not in VARIANTS):
+    raise ValueError(f'variant: expected one of {VARIANTS} plus modifiers {MODIFIERS}, '
+                     f'got {variant!r}.')
+  return (names[0] if names else 'kernel-favor'), {p for p in parts if p in MODIFIERS}
+
+
+def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
+  """The paper's settings for ``task`` and one model ``variant`` (see module docstring)."""
+  name, modifiers = parse_variant(variant)
+  config = ml_collections.ConfigDict()
+  # The model variant this config trains (recorded in the results).
+  config.variant = name
+  # Root seed: parameter init, Langevin noise, dropout and data order derive from it.
+  config.seed = 0
+
+  config.data = ml_collections.ConfigDict()
+  # Task name from coulomb_jax.data.TASKS.
+  config.data.task = task
+  # Folder with the offline copies (glue/, rotten_tomatoes/); see ../shared/data/README.md.
+  config.data.data_dir = '../shared/data'
+  # Rows held out of train for validation where the task has no labelled validation split.
+  config.data.validation_size = 1000
+  # Token budget per sequence, [CLS] and [SEP] included (the paper: 128).
+  config.data.max_length = 128
+  # Uncased WordPiece vocabulary size, trained on the training split (no network here,
+  # so not bert-base-uncased's vocabulary; set vocab_file to use one).
+  config.data.vocab_size = 16384
+  # Optional BERT vocab.txt; '' trains a WordPiece tokenizer on the training split.
+  config.data.vocab_file = ''
+  # Batches are padded to the longest row rounded up to this multiple (dynamic padding).
+  config.data.pad_multiple = 16
+  # Batches per length-bucketing chunk when shuffling training data.
+  config.data.bucket_size = 64
+  # Use only the first N training rows (0 = all); for smoke runs and tests.
+  config.data.max_train_examples = 0
+
+  config.model = ml_collections.ConfigDict()
+  # 'kernel' (Vanilla-X, Kernel-X, Performer), 'softmax' or 'linformer'.
+  config.model.attention = 'kernel'
+  # Feature map of kernel attention (a name in coulomb_jax.features.ATTENTION_FEATURE_MAPS).
+  config.model.feature_map = 'favor'
+  # Features (particles) per head M (the paper: 256).
+  config.model.num_features = 256
+  # 'shared': the paper's Q = K = per-head reshape of x (no W_q, W_k); 'projected': x W_q, x W_k.
+  config.model.qk_mode = 'shared'
+  # Draw initial particles in orthogonal blocks (Performer) instead of i.i.d. N(0, I).
+  config.model.orthogonal = False
+  # Model width d_model (the paper: 128).
+  config.model.width = 128
+  # Encoder blocks (the paper: 2).
+  config.model.num_layers = 2
+  # Attention heads (the paper: 2).
+  config.model.num_heads = 2
+  # Hidden width of the feed-forward block (the paper: 256).
+  config.model.ffn_dim = 256
+  # Dropout on embeddings and residual branches (the paper: 0.1).
+  config.model.dropout_rate = 0.1
+  # Linformer's projected length P (Linformer only).
+  config.model.linformer_length = 64
+
+  config.phase_a = ml_collections.ConfigDict()
+  # Learn the particles before Phase B (Kernel-X); False keeps them at their random draw.
+  config.phase_a.enabled = True
+  # Langevin step size η (the paper: 2e-3).
+  config.phase_a.step_size = 2e-3
+  # Inverse temperature β (the paper: 50).
+  config.phase_a.beta = 50.0
+  # Repulsion weight λ (the paper: 1e-3).
+  config.phase_a.lam = 1e-3
+  # Riesz exponent s ('coulomb' = d − 2 with d = D_h).
+  config.phase_a.riesz_s = 'coulomb'
+  # Softening ε of the Riesz kernel.
+  config.phase_a.softening = 0.5
+  # Global-norm clip of ∇H before the η·N factor (the paper: 10).
+  config.phase_a.clip_norm = 10.0
+  # Radius of the ball each particle is projected onto (the paper: 1.5).
+  config.phase_a.radius = 1.5
+  # Batch size (the paper: 64).
+  config.phase_a.batch_size = 64
+  # Epochs at most (the paper: 10).
+  config.phase_a.num_epochs = 10
+  # Stop when the largest particle move of a step is below this (the paper: 1e-6).
+  config.phase_a.tolerance = 1e-6
+
+  config.phase_b = ml_collections.ConfigDict()
+  # Peak AdamW learning rate (the paper: 2e-4).
+  config.phase_b.learning_rate = 2e-4
+  # AdamW decoupled weight decay (not given by the paper; optax's default).
+  config.phase_b.weight_decay = 1e-4
+  # Global-norm gradient clip (not given by the paper).
+  config.phase_b.clip_norm = 1.0
+  # Linear warm-up as a fraction of all Phase B steps, then cosine decay to 0.
+  config.phase_b.warmup_fraction = 0.1
+  # Batch size (the paper: 64).
+  config.phase_b.batch_size = 64
+  # Epochs (the paper: 10); the epoch with the best validation accuracy is kept.
+  config.phase_b.num_epochs = 10
+
+  config.run = ml_collections.ConfigDict()
+  # Evaluation batch size (validation and test).
+  config.run.eval_batch_size = 256
+  # Log a progress line (and TensorBoard scalars) every this many steps.
+  config.run.log_every = 50
+  # Save a checkpoint every this many steps (and at every epoch end); 0 = epoch ends only.
+  config.run.checkpoint_every = 200
+
+  kind, _, fmap = name.partition('-')
+  if kind in ('vanilla', 'kernel'):
+    config.model.feature_map = fmap
+    config.phase_a.enabled = kind == 'kernel'
+  elif name == 'performer':
+    # FAVOR+ with W_q/W_k and fixed orthogonal features (Choromanski et al. 2020).
+    config.model.feature_map = 'favor'
+    config.model.qk_mode = 'projected'
+    config.model.orthogonal = True
+    config.phase_a.enabled = False
+  else:
+    config.model.attention = name
+    config.phase_a.enabled = False
+
+  if 'quick' in modifiers:
+    config.data.max_train_examples = 256
+    config.data.vocab_size = 1000
+    config.model.width = 32
+    config.model.num_features = 16
+    config.model.ffn_dim = 64
+    config.phase_a.num_epochs = 1
+    config.phase_b.num_epochs = 2
+    config.run.log_every = 2
+    config.run.checkpoint_every = 0
+  return config

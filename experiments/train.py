@@ -1,0 +1,457 @@
+r"""Train and evaluate one kernel-attention text classifier (Phase A, then Phase B).
+
+  python -m experiments.train --config=configs/sst2.py:kernel-favor --workdir=workdir/sst2/kernel-favor/seed0
+
+``train_and_evaluate(config, workdir)`` is the one path from the command line to
+the code:
+
+1. checks the whole config (one ValueError naming the field) before any compute;
+2. loads the task's splits (``coulomb_jax.data``), trains (or reloads) the
+   WordPiece tokenizer in ``workdir``, and encodes;
+3. Phase A (Kernel-X only): Langevin moves of the particles on the alignment of
+   per-head mean-pooled keys (``coulomb_jax.training``), until the largest move
+   is below ``phase_a.tolerance`` or after ``phase_a.num_epochs``;
+4. Phase B: AdamW on everything else, particles frozen; the epoch with the best
+   validation accuracy (ties: lower log loss) is kept;
+5. writes ``results.json``: validation and test metrics of the kept parameters,
+   the time of each phase, the command, commit and machine.
+
+Batches are sharded over all devices along a ``data`` mesh axis (parameters
+replicated); ``--jax_distributed`` calls ``jax.distributed.initialize()`` first
+for multi-host launches. Orbax checkpoints (every ``run.checkpoint_every`` steps
+and every epoch end) make a killed run resume where it stopped, with the same
+result as an uninterrupted one; resuming with a different config is refused.
+"""
+
+import json
+import os
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from coulomb_jax import data
+from coulomb_jax import features
+from coulomb_jax import metrics as metrics_lib
+from coulomb_jax import models
+from coulomb_jax import training
+from experiments import provenance
+
+RESULTS = 'results.json'
+
+
+# ----------------------------------------------------------------------------- config
+
+def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> None:
+  """Raises one ValueError naming the field and its value; reads nothing big."""
+
+  def fail(field, value, expected):
+    raise ValueError(f'config.{field}: expected {expected}, got {value!r}.')
+
+  def positive_int(field, value, low=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      fail(field, value, f'an integer ≥ {low}')
+
+  def positive(field, value, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        value > 0 or (allow_zero and value == 0)):
+      fail(field, value, 'a number ≥ 0' if allow_zero else 'a number > 0')
+
+  d, m, a, b, r = config.data, config.model, config.phase_a, config.phase_b, config.run
+  if d.task not in data.TASKS:
+    fail('data.task', d.task, f'one of {data.TASKS}')
+  if not os.path.isdir(d.data_dir):
+    fail('data.data_dir', d.data_dir, 'an existing folder with the data (see ../shared/data)')
+  if d.vocab_file and not os.path.isfile(d.vocab_file):
+    fail('data.vocab_file', d.vocab_file, "'' or an existing vocab.txt")
+  positive_int('data.validation_size', d.validation_size)
+  positive_int('data.max_length', d.max_length, 4)
+  positive_int('data.vocab_size', d.vocab_size, 16)
+  positive_int('data.pad_multiple', d.pad_multiple)
+  positive_int('data.bucket_size', d.bucket_size)
+  positive_int('data.max_train_examples', d.max_train_examples, 0)
+  if m.attention not in models.ATTENTION_KINDS:
+    fail('model.attention', m.attention, f'one of {models.ATTENTION_KINDS}')
+  if m.feature_map not in features.ATTENTION_FEATURE_MAPS:
+    fail('model.feature_map', m.feature_map, f'one of {features.ATTENTION_FEATURE_MAPS}')
+  if m.qk_mode not in models.QK_MODES:
+    fail('model.qk_mode', m.qk_mode, f'one of {models.QK_MODES}')
+  for field in ('num_features', 'width', 'num_layers', 'num_heads', 'ffn_dim',
+                'linformer_length'):
+    positive_int(f'model.{field}', m[field])
+  if m.width % m.num_heads:
+    fail('model.width', m.width, f'a multiple of model.num_heads={m.num_heads}')
+  if not 0 <= m.dropout_rate < 1:
+    fail('model.dropout_rate', m.dropout_rate, 'a number in [0, 1)')
+  if a.enabled and m.attention != 'kernel':
+    fail('phase_a.enabled', a.enabled, f"False for model.attention={m.attention!r}")
+  for field in ('step_size', 'beta', 'clip_norm', 'radius'):
+    positive(f'phase_a.{field}', a[field])
+  positive('phase_a.lam', a.lam, allow_zero=True)
+  positive('phase_a.softening', a.softening, allow_zero=True)
+  positive('phase_a.tolerance', a.tolerance, allow_zero=True)
+  if a.riesz_s != 'coulomb':
+    positive('phase_a.riesz_s', a.riesz_s, allow_zero=True)
+  positive_int('phase_a.num_epochs', a.num_epochs, 0)
+  for field in ('learning_rate', 'clip_norm'):
+    positive(f'phase_b.{field}', b[field])
+  positive('phase_b.weight_decay', b.weight_decay, allow_zero=True)
+  if not 0 <= b.warmup_fraction < 1:
+    fail('phase_b.warmup_fraction', b.warmup_fraction, 'a number in [0, 1)')
+  positive_int('phase_b.num_epochs', b.num_epochs)
+  for field, value in (('phase_a.batch_size', a.batch_size), ('phase_b.batch_size', b.batch_size),
+                       ('run.eval_batch_size', r.eval_batch_size)):
+    positive_int(field, value)
+    if value % num_devices:
+      fail(field, value, f'a multiple of the device count {num_devices}')
+  positive_int('run.log_every', r.log_every)
+  positive_int('run.checkpoint_every', r.checkpoint_every, 0)
+  positive_int('seed', config.seed, 0)
+
+
+# ----------------------------------------------------------------------------- data
+
+def load_data(config, workdir):
+  """Returns ``({'train', 'validation', 'test'}: data.Encoded, vocab_size)``."""
+  d = config.data
+  splits = {s: data.load_split(d.task, d.data_dir, s, validation_size=d.validation_size)
+            for s in ('train', 'validation', 'test')}
+  if d.max_train_examples:
+    # A fixed random subset (files can be sorted by label, e.g. Rotten Tomatoes).
+    tr = splits['train']
+    keep = np.sort(np.random.default_rng(0).permutation(len(tr.labels))[:d.max_train_examples])
+    pick = lambda texts: None if texts is None else [texts[i] for i in keep]
+    splits['train'] = data.Examples(pick(tr.text_a), pick(tr.text_b), tr.labels[keep])
+  tok_path = os.path.join(workdir, 'tokenizer.json')
+  if d.vocab_file:
+    tok = data.load_vocab_tokenizer(d.vocab_file)
+  elif os.path.exists(tok_path):
+    tok = data.load_tokenizer(tok_path)
+  else:
+    tr = splits['train']
+    tok = data.train_tokenizer(tr.text_a + (tr.text_b or []), d.vocab_size)
+    data.save_tokenizer(tok, tok_path)
+  encoded = {s: data.encode(tok, ex, d.max_length) for s, ex in splits.items()}
+  return encoded, tok.get_vocab_size()
+
+
+class Sharder:
+  """Puts host batches on a 1-D ``data`` mesh over all devices (rows split, rest replicated)."""
+
+  def __init__(self):
+    self.mesh = Mesh(np.array(jax.devices()), ('data',))
+    self.rows = NamedSharding(self.mesh, P('data'))
+    self.replicated = NamedSharding(self.mesh, P())
+
+  def batch(self, batch):
+    def put(x):
+      per_host = x.shape[0] // jax.process_count()
+      local = x[jax.process_index() * per_host:(jax.process_index() + 1) * per_host]
+      return jax.make_array_from_process_local_data(self.rows, local, x.shape)
+    return {k: put(v) for k, v in batch.items()}
+
+  def replicate(self, tree):
+    return jax.device_put(tree, self.replicated)
+
+  @staticmethod
+  def to_host(x):
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+
+# ----------------------------------------------------------------------------- model
+
+def make_model(config, vocab_size) -> models.EncoderClassifier:
+  m = config.model
+  return models.EncoderClassifier(
+      vocab_size=vocab_size, max_length=config.data.max_length, width=m.width,
+      num_layers=m.num_layers, num_heads=m.num_heads, ffn_dim=m.ffn_dim,
+      dropout_rate=m.dropout_rate, attention=m.attention, feature_map=m.feature_map,
+      num_features=m.num_features, qk_mode=m.qk_mode, orthogonal=m.orthogonal,
+      linformer_length=m.linformer_length)
+
+
+def evaluate(predict, params, encoded, batch_size, sharder, config):
+  """Metrics of ``coulomb_jax.metrics.classification_metrics`` on one split."""
+  probs = []
+  for batch in data.batches(encoded, batch_size, pad_multiple=config.data.pad_multiple):
+    p = sharder.to_host(predict(params, sharder.batch(batch)))
+    probs.append(p[batch['weights'] > 0])
+  probs = np.clip(np.concatenate(probs).astype(np.float64), 0.0, 1.0)
+  return metrics_lib.classification_metrics(encoded.labels, probs)
+
+
+def _better(new, best_accuracy, best_log_loss):
+  return (new['accuracy'] > best_accuracy or
+          (new['accuracy'] == best_accuracy and new['log_loss'] < best_log_loss))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def _checkpoint_manager(workdir):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  options = ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False)
+  return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, 'checkpoints')),
+                               options=options)
+
+
+def _save(manager, ckpt):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  step = int(ckpt['step_a']) + int(ckpt['step_b']) + int(ckpt['phase'])
+  manager.save(step, args=ocp.args.StandardSave(ckpt), force=True)
+  manager.wait_until_finished()
+
+
+def _restore(manager, target):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  step = manager.latest_step()
+  if step is None:
+    return target
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+  return manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+
+def _fingerprint(config):
+  return json.loads(config.to_json())
+
+
+class _Throughput:
+  """Steps/s and examples/s since the previous progress line (evaluation included)."""
+
+  def __init__(self, step):
+    self.step, self.time = step, time.time()
+
+  def rate(self, step, batch_size):
+    now = time.time()
+    per_s = (step - self.step) / max(now - self.time, 1e-9)
+    self.step, self.time = step, now
+    return f'{per_s:.1f} steps/s, {per_s * batch_size:.0f} examples/s'
+
+
+def _log_scalars(writer, prefix, values, step):
+  if writer is not None:
+    for k, v in values.items():
+      writer.add_scalar(f'{prefix}/{k}', float(v), step)
+
+
+def _open_writer(workdir):
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    logging.warning('tensorboardX is not installed: no TensorBoard scalars.')
+    return None
+  return SummaryWriter(os.path.join(workdir, 'tensorboard'))
+
+
+# ----------------------------------------------------------------------------- main loop
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       stop_after_steps: Optional[int] = None,
+                       meta: Optional[dict] = None) -> Optional[dict]:
+  """Runs (or resumes) one training run; returns the results dict, or None if stopped.
+
+  ``stop_after_steps``: leave after this many optimisation steps in this call,
+  with a checkpoint, as a preempted job would (for time-boxed sessions; tests
+  use it to check that resuming changes nothing).
+  """
+  check_config(config, jax.device_count())
+  os.makedirs(workdir, exist_ok=True)
+  config_path = os.path.join(workdir, 'config.json')
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      if json.load(f) != _fingerprint(config):
+        raise ValueError(f'workdir: {workdir!r} holds a run with a different config '
+                         f'({config_path}); use a new workdir.')
+  else:
+    provenance.write_json_atomic(config_path, _fingerprint(config), indent=1)
+  meta = meta or provenance.run_metadata('experiments.train')
+
+  encoded, vocab_size = load_data(config, workdir)
+  sharder = Sharder()
+  model = make_model(config, vocab_size)
+  a, b, d = config.phase_a, config.phase_b, config.data
+  key = jax.random.PRNGKey(config.seed)
+  init_key, langevin_key, dropout_key = jax.random.split(key, 3)
+  example = next(data.batches(encoded['train'], 2, pad_multiple=d.pad_multiple))
+  params = model.init(init_key, example['ids'], example['segments'], example['mask'])['params']
+  if a.enabled and not training.has_particles(params):
+    raise ValueError(f'phase_a.enabled: the model {config.variant!r} has no particles.')
+
+  n_train = len(encoded['train'].labels)
+  spe_a = data.num_batches(n_train, a.batch_size, drop_remainder=True)
+  spe_b = data.num_batches(n_train, b.batch_size, drop_remainder=True)
+  total_a = spe_a * a.num_epochs if a.enabled else 0
+  total_b = spe_b * b.num_epochs
+  opt_a = training.phase_a_optimizer(langevin_key, step_size=a.step_size, beta=a.beta,
+                                     radius=a.radius, clip_norm=a.clip_norm)
+  opt_b = training.phase_b_optimizer(
+      learning_rate=b.learning_rate, warmup_steps=int(b.warmup_fraction * total_b),
+      total_steps=total_b, weight_decay=b.weight_decay, clip_norm=b.clip_norm)
+  riesz_s = a.riesz_s if a.riesz_s == 'coulomb' else float(a.riesz_s)
+  step_a = jax.jit(training.make_phase_a_step(
+      model, opt_a, feature_map=config.model.feature_map, lam=a.lam, s=riesz_s,
+      softening=a.softening))
+  step_b = jax.jit(training.make_phase_b_step(model, opt_b))
+  predict = jax.jit(training.make_predict(model))
+
+  f32 = lambda v: jnp.asarray(v, jnp.float32)
+  i32 = lambda v: jnp.asarray(v, jnp.int32)
+  ckpt = {'phase': i32(0 if a.enabled else 1), 'params': params,
+          'opt_a': opt_a.init(params), 'opt_b': opt_b.init(params),
+          'step_a': i32(0), 'step_b': i32(0), 'best_params': params,
+          'best_accuracy': f32(-1.0), 'best_log_loss': f32(np.inf), 'best_epoch': i32(-1),
+          'seconds_a': f32(0.0), 'seconds_b': f32(0.0), 'stopped_early_a': i32(0)}
+  manager = _checkpoint_manager(workdir)
+  ckpt = sharder.replicate(_restore(manager, ckpt))
+  if int(ckpt['phase']) > 0 or int(ckpt['step_a']) or int(ckpt['step_b']):
+    logging.info('Resumed from %s: phase %d, steps %d / %d.', manager.directory,
+                 int(ckpt['phase']), int(ckpt['step_a']), int(ckpt['step_b']))
+  writer = _open_writer(workdir)
+  history_path = os.path.join(workdir, 'history.jsonl')
+  steps_this_call = 0
+
+  def out_of_time():
+    return stop_after_steps is not None and steps_this_call >= stop_after_steps
+
+  def save():
+    _save(manager, ckpt)
+
+  # ---- Phase A: only the particles move.
+  if int(ckpt['phase']) == 0:
+    state = training.TrainState(ckpt['step_a'], ckpt['params'], ckpt['opt_a'])
+    start, tick = int(state.step), time.time()
+    meter = _Throughput(start)
+    for t in range(start, total_a):
+      epoch, offset = divmod(t, spe_a)
+      if t == start or offset == 0:
+        it = data.batches(encoded['train'], a.batch_size, seed=config.seed, epoch=epoch,
+                          pad_multiple=d.pad_multiple, bucket_size=d.bucket_size,
+                          drop_remainder=True)
+        for _ in range(offset):
+          next(it)
+      state, m = step_a(state, sharder.batch(next(it)))
+      steps_this_call += 1
+      done = float(m['max_move']) < a.tolerance or t + 1 == total_a
+      if (t + 1) % config.run.log_every == 0 or done:
+        m = jax.device_get(m)
+        logging.info('phase A step %d/%d (epoch %d): H %.5f A %.5f W %.5f max move %.2e; %s',
+                     t + 1, total_a, epoch, m['hamiltonian'], m['alignment'], m['repulsion'],
+                     m['max_move'], meter.rate(t + 1, a.batch_size))
+        _log_scalars(writer, 'phase_a', m, t + 1)
+      periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
+      if done or (t + 1) % spe_a == 0 or periodic or out_of_time():
+        ckpt.update(params=state.params, opt_a=state.opt_state, step_a=state.step,
+                    seconds_a=ckpt['seconds_a'] + f32(time.time() - tick))
+        tick = time.time()
+        if done:
+          ckpt.update(phase=i32(1), stopped_early_a=i32(t + 1 < total_a))
+        save()
+      if done:
+        break
+      if out_of_time():
+        return None
+    if total_a == 0:
+      ckpt.update(phase=i32(1))
+
+  # ---- Phase B: particles frozen, everything else trained.
+  if int(ckpt['phase']) == 1:
+    state = training.TrainState(ckpt['step_b'], ckpt['params'], ckpt['opt_b'])
+    start, tick = int(state.step), time.time()
+    meter = _Throughput(start)
+    for t in range(start, total_b):
+      epoch, offset = divmod(t, spe_b)
+      if t == start or offset == 0:
+        it = data.batches(encoded['train'], b.batch_size, seed=config.seed + 1, epoch=epoch,
+                          pad_multiple=d.pad_multiple, bucket_size=d.bucket_size,
+                          drop_remainder=True)
+        for _ in range(offset):
+          next(it)
+      state, m = step_b(dropout_key, state, sharder.batch(next(it)))
+      steps_this_call += 1
+      if (t + 1) % config.run.log_every == 0:
+        m = jax.device_get(m)
+        logging.info('phase B step %d/%d (epoch %d): loss %.4f acc %.3f; %s',
+                     t + 1, total_b, epoch, m['loss'], m['accuracy'],
+                     meter.rate(t + 1, b.batch_size))
+        _log_scalars(writer, 'phase_b', m, t + 1)
+      end_of_epoch = (t + 1) % spe_b == 0
+      periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
+      if end_of_epoch or periodic or out_of_time():
+        ckpt.update(params=state.params, opt_b=state.opt_state, step_b=state.step,
+                    seconds_b=ckpt['seconds_b'] + f32(time.time() - tick))
+        if end_of_epoch:
+          val = evaluate(predict, state.params, encoded['validation'],
+                         config.run.eval_batch_size, sharder, config)
+          logging.info('epoch %d validation: %s', epoch, json.dumps(val))
+          _log_scalars(writer, 'validation', val, t + 1)
+          with open(history_path, 'a') as f:
+            f.write(json.dumps({'epoch': epoch, 'step': t + 1, 'validation': val}) + '\n')
+          if _better(val, float(ckpt['best_accuracy']), float(ckpt['best_log_loss'])):
+            ckpt.update(best_params=state.params, best_accuracy=f32(val['accuracy']),
+                        best_log_loss=f32(val['log_loss']), best_epoch=i32(epoch))
+          if t + 1 == total_b:
+            ckpt.update(phase=i32(2))
+        save()
+        tick = time.time()
+      if out_of_time() and t + 1 < total_b:
+        return None
+
+  # ---- Evaluation of the kept (best-validation) parameters.
+  best = ckpt['best_params']
+  results = dict(meta, dataset=d.task, variant=config.variant, seed=config.seed,
+                 config=config.to_dict(),
+                 split={'validation': 'validation', 'test': 'test'},
+                 best_epoch=int(ckpt['best_epoch']),
+                 phase_a_steps=int(ckpt['step_a']),
+                 phase_a_stopped_early=bool(int(ckpt['stopped_early_a'])),
+                 phase_a_seconds=float(ckpt['seconds_a']),
+                 phase_b_seconds=float(ckpt['seconds_b']),
+                 train_seconds=float(ckpt['seconds_a'] + ckpt['seconds_b']),
+                 num_devices=jax.device_count(),
+                 num_params=int(sum(x.size for x in jax.tree.leaves(best))))
+  for split in ('validation', 'test'):
+    results[split] = evaluate(predict, best, encoded[split], config.run.eval_batch_size,
+                              sharder, config)
+  if writer is not None:
+    writer.close()
+  if jax.process_index() == 0:
+    provenance.write_json_atomic(os.path.join(workdir, RESULTS), results, indent=1)
+  logging.info('test: %s', json.dumps(results['test']))
+  return results
+
+
+if __name__ == '__main__':
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+  _CONFIG = config_flags.DEFINE_config_file('config', None, 'Path to a config file.',
+                                            lock_config=True)
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and results go.')
+  _DISTRIBUTED = flags.DEFINE_bool('jax_distributed', False,
+                                   'Call jax.distributed.initialize() (multi-host launches).')
+  _STOP_AFTER = flags.DEFINE_integer('stop_after_steps', None,
+                                     'Checkpoint and exit after this many steps (resumable).')
+  flags.mark_flags_as_required(['config', 'workdir'])
+
+  class _QuietOrbax(logging.logging.Filter):
+    """Drops orbax's per-save INFO lines; warnings and errors still pass."""
+
+    def filter(self, record):
+      return record.levelno >= logging.logging.WARNING or '/orbax/' not in record.pathname
+
+  def main(argv):
+    del argv
+    logging.get_absl_handler().addFilter(_QuietOrbax())
+    if _DISTRIBUTED.value:
+      jax.distributed.initialize()
+    train_and_evaluate(_CONFIG.value, _WORKDIR.value, stop_after_steps=_STOP_AFTER.value)
+
+  app.run(main)
