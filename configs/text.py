@@ -59,8 +59,10 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.data.pad_multiple = 16
   # Batches per length-bucketing chunk when shuffling training data.
   config.data.bucket_size = 64
-  # Use only the first N training rows (0 = all); for smoke runs and tests.
+  # Use only a fixed random N training rows (0 = all); for smoke runs and tests.
   config.data.max_train_examples = 0
+  # Evaluate on only the first N validation and test rows (0 = all); for smoke runs and tests.
+  config.data.max_eval_examples = 0
 
   config.model = ml_collections.ConfigDict()
   # 'kernel' (Vanilla-X, Kernel-X, Performer), 'softmax' or 'linformer'.

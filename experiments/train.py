@@ -75,6 +75,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
   positive_int('data.pad_multiple', d.pad_multiple)
   positive_int('data.bucket_size', d.bucket_size)
   positive_int('data.max_train_examples', d.max_train_examples, 0)
+  positive_int('data.max_eval_examples', d.max_eval_examples, 0)
   if m.attention not in models.ATTENTION_KINDS:
     fail('model.attention', m.attention, f'one of {models.ATTENTION_KINDS}')
   if m.feature_map not in features.ATTENTION_FEATURE_MAPS:
@@ -127,6 +128,11 @@ def load_data(config, workdir):
     keep = np.sort(np.random.default_rng(0).permutation(len(tr.labels))[:d.max_train_examples])
     pick = lambda texts: None if texts is None else [texts[i] for i in keep]
     splits['train'] = data.Examples(pick(tr.text_a), pick(tr.text_b), tr.labels[keep])
+  if d.max_eval_examples:
+    for s in ('validation', 'test'):
+      ex, k = splits[s], d.max_eval_examples
+      splits[s] = data.Examples(ex.text_a[:k], None if ex.text_b is None else ex.text_b[:k],
+                                ex.labels[:k])
   tok_path = os.path.join(workdir, 'tokenizer.json')
   if d.vocab_file:
     tok = data.load_vocab_tokenizer(d.vocab_file)
@@ -141,10 +147,13 @@ def load_data(config, workdir):
 
 
 class Sharder:
-  """Puts host batches on a 1-D ``data`` mesh over all devices (rows split, rest replicated)."""
+  """Puts host batches on a 1-D ``data`` mesh (rows split, the rest replicated).
 
-  def __init__(self):
-    self.mesh = Mesh(np.array(jax.devices()), ('data',))
+  ``devices``: the mesh's devices (default: all of them, across hosts).
+  """
+
+  def __init__(self, devices=None):
+    self.mesh = Mesh(np.array(devices or jax.devices()), ('data',))
     self.rows = NamedSharding(self.mesh, P('data'))
     self.replicated = NamedSharding(self.mesh, P())
 

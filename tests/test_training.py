@@ -1,0 +1,241 @@
+"""Tests of coulomb_jax.training and experiments/train.py (Phase A, Phase B, resume)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from coulomb_jax import hamiltonian
+from coulomb_jax import models
+from coulomb_jax import training
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA_DIR = os.environ.get('COULOMB_DATA_DIR', os.path.join(REPO, '..', 'shared', 'data'))
+VOCAB = 40
+
+
+def _batch(b=8, length=12, key=0):
+  k1, k2, k3 = jax.random.split(jax.random.key(key), 3)
+  lengths = jax.random.randint(k1, (b,), 2, length + 1)
+  mask = jnp.arange(length)[None] < lengths[:, None]
+  ids = jnp.where(mask, jax.random.randint(k2, (b, length), 1, VOCAB), 0)
+  return {'ids': ids, 'segments': jnp.zeros_like(ids), 'mask': mask,
+          'labels': jax.random.bernoulli(k3, 0.5, (b,)).astype(jnp.int32),
+          'weights': jnp.ones((b,), jnp.float32)}
+
+
+def _model(**kw):
+  return models.EncoderClassifier(vocab_size=VOCAB, max_length=16, width=16, num_heads=2,
+                                  ffn_dim=16, num_features=8, **kw)
+
+
+def _init(model, batch):
+  return model.init(jax.random.key(1), batch['ids'], batch['segments'], batch['mask'])['params']
+
+
+def _split(params):
+  flat = traverse_util.flatten_dict(params)
+  return ({k: v for k, v in flat.items() if k[-1] == 'particles'},
+          {k: v for k, v in flat.items() if k[-1] != 'particles'})
+
+
+def test_phase_a_moves_only_particles_and_phase_b_only_the_rest():
+  model, batch = _model(feature_map='favor'), _batch()
+  params = _init(model, batch)
+  opt_a = training.phase_a_optimizer(jax.random.PRNGKey(0), step_size=1e-2, beta=50.0,
+                                     radius=1.5, clip_norm=10.0)
+  step_a = jax.jit(training.make_phase_a_step(model, opt_a, feature_map='favor', lam=1e-3,
+                                              s='coulomb', softening=0.5))
+  state = training.TrainState(jnp.zeros([], jnp.int32), params, opt_a.init(params))
+  for _ in range(2):
+    state, metrics = step_a(state, batch)
+  particles0, rest0 = _split(params)
+  particles1, rest1 = _split(state.params)
+  for k in rest0:                                    # bit-identical
+    np.testing.assert_array_equal(rest1[k], rest0[k])
+  assert all(not np.array_equal(particles1[k], particles0[k]) for k in particles0)
+  assert float(metrics['max_move']) > 0
+  # Every particle ends in the ball of radius 1.5.
+  for v in particles1.values():
+    assert float(jnp.max(jnp.linalg.norm(v, axis=-1))) <= 1.5 * (1 + 1e-6)
+
+  opt_b = training.phase_b_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=4,
+                                     weight_decay=1e-4, clip_norm=1.0)
+  step_b = jax.jit(training.make_phase_b_step(model, opt_b))
+  state_b = training.TrainState(jnp.zeros([], jnp.int32), state.params,
+                                opt_b.init(state.params))
+  for _ in range(3):
+    state_b, metrics_b = step_b(jax.random.key(2), state_b, batch)
+  particles2, rest2 = _split(state_b.params)
+  for k in particles1:
+    np.testing.assert_array_equal(particles2[k], particles1[k])
+  assert all(not np.array_equal(rest2[k], rest1[k]) for k in rest1
+             if k[-1] != 'positions')             # positions past L get no gradient
+  assert np.isfinite(float(metrics_b['loss']))
+
+
+def test_phase_a_objective_is_the_core_hamiltonian_summed_over_layers_and_heads():
+  model, batch = _model(feature_map='softplus'), _batch()
+  params = _init(model, batch)
+  inputs = training.phase_a_inputs(model, params, batch)
+  assert len(inputs) == 2 and all(r.shape == (8, 2, 8) for r in inputs.values())
+  got, aux = training.phase_a_objective(params, inputs, batch['labels'], batch['weights'],
+                                        feature_map='softplus', lam=0.3, s=1.0, softening=0.5)
+  y = 2.0 * batch['labels'] - 1.0
+  flat = traverse_util.flatten_dict(params)
+  want = sum(hamiltonian.hamiltonian(flat[path + ('particles',)][h], r[:, h], y,
+                                     feature_map='softplus', lam=0.3, s=1.0, softening=0.5)
+             for path, r in inputs.items() for h in range(2))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  np.testing.assert_allclose(got, -aux['alignment'] + 0.3 * aux['repulsion'], rtol=1e-5)
+
+
+def test_phase_a_raises_the_alignment_on_a_fixed_batch():
+  model, batch = _model(feature_map='elu'), _batch(b=32, key=4)
+  params = _init(model, batch)
+  opt_a = training.phase_a_optimizer(jax.random.PRNGKey(0), step_size=0.05, beta=1e6,
+                                     radius=10.0, clip_norm=1e3)
+  step_a = jax.jit(training.make_phase_a_step(model, opt_a, feature_map='elu', lam=0.0,
+                                              s='coulomb', softening=0.5))
+  state = training.TrainState(jnp.zeros([], jnp.int32), params, opt_a.init(params))
+  first = None
+  for _ in range(30):
+    state, m = step_a(state, batch)
+    first = float(m['alignment']) if first is None else first
+  assert float(m['alignment']) > first
+
+
+def test_partition_labels_select_exactly_the_particles():
+  model, batch = _model(), _batch()
+  labels = traverse_util.flatten_dict(training.partition_labels(_init(model, batch)))
+  assert {k for k, v in labels.items() if v == 'particles'} == {
+      ('attention_0', 'particles'), ('attention_1', 'particles')}
+  assert not training.has_particles(_init(_model(attention='softmax'), batch))
+
+
+# ----------------------------------------------------------------------------- experiments/train.py
+
+def _config(**overrides):
+  from configs import text
+  config = text.get_text_config('sst2', 'kernel-favor,quick')
+  config.data.data_dir = DATA_DIR
+  config.data.max_train_examples = 64
+  config.data.vocab_size = 200
+  config.phase_a.batch_size = config.phase_b.batch_size = 16
+  config.data.max_eval_examples = 64
+  config.model.num_layers = 1
+  # One padded shape (64 tokens) for every batch: one compilation per step function.
+  config.data.max_length = config.data.pad_multiple = 64
+  config.run.checkpoint_every = 3
+  for k, v in overrides.items():
+    section, field = k.split('.')
+    config[section][field] = v
+  return config
+
+
+def _final_params(workdir):
+  from experiments import train
+  manager = train._checkpoint_manager(workdir)
+  return manager.restore(manager.latest_step())['best_params']
+
+
+needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA_DIR, 'glue', 'SST-2')),
+                                reason='SST-2 copy not found')
+
+
+@needs_data
+def test_end_to_end_on_64_sst2_rows_and_resume_gives_the_same_parameters(tmp_path):
+  from experiments import train
+  full = train.train_and_evaluate(_config(), str(tmp_path / 'full'))
+  assert full['phase_a_steps'] == 4 and full['dataset'] == 'sst2'
+  for split in ('validation', 'test'):
+    assert 0.0 <= full[split]['accuracy'] <= 1.0
+    assert np.isfinite(full[split]['log_loss'])
+  assert json.load(open(tmp_path / 'full' / 'results.json'))['test'] == full['test']
+
+  resumed_dir = str(tmp_path / 'resumed')
+  assert train.train_and_evaluate(_config(), resumed_dir, stop_after_steps=2) is None  # in A
+  assert train.train_and_evaluate(_config(), resumed_dir, stop_after_steps=5) is None  # in B
+  resumed = train.train_and_evaluate(_config(), resumed_dir)
+  assert resumed['test'] == full['test']
+  for a, b in zip(jax.tree.leaves(_final_params(resumed_dir)),
+                  jax.tree.leaves(_final_params(str(tmp_path / 'full')))):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match='different config'):
+    train.train_and_evaluate(_config(**{'phase_b.learning_rate': 1.0}), resumed_dir)
+
+
+@pytest.mark.parametrize('field, value', [
+    ('data.task', 'mnli'), ('data.data_dir', '/nonexistent'), ('model.feature_map', 'rff'),
+    ('model.num_heads', 0), ('model.width', 33), ('phase_a.beta', 0.0), ('phase_b.batch_size', 0),
+    ('phase_b.warmup_fraction', 1.5), ('model.attention', 'lstm')])
+def test_bad_config_fails_before_any_compute(field, value, tmp_path):
+  from experiments import train
+  config = _config(**{field: value})
+  with pytest.raises(ValueError, match=f'config.{field}'):
+    train.train_and_evaluate(config, str(tmp_path / 'w'))
+  assert not os.path.exists(tmp_path / 'w')
+
+
+def test_phase_a_on_softmax_attention_is_refused():
+  from experiments import train
+  config = _config(**{'model.attention': 'softmax'})
+  with pytest.raises(ValueError, match='config.phase_a.enabled'):
+    train.check_config(config)
+
+
+_SHARDED = r'''
+import jax, jax.numpy as jnp, numpy as np
+from coulomb_jax import models, training
+from experiments import train
+assert jax.device_count() == 8
+model = models.EncoderClassifier(vocab_size=40, max_length=16, width=16, num_heads=2,
+                                 ffn_dim=16, num_features=8, dropout_rate=0.1, num_layers=1)
+rng = np.random.default_rng(0)
+def batch(i):
+  lengths = rng.integers(2, 13, 16)
+  mask = np.arange(16)[None] < lengths[:, None]
+  ids = np.where(mask, rng.integers(1, 40, (16, 16)), 0).astype(np.int32)
+  return {'ids': ids, 'segments': np.zeros_like(ids), 'mask': mask,
+          'labels': rng.integers(0, 2, 16).astype(np.int32), 'weights': np.ones(16, np.float32)}
+batches = [batch(i) for i in range(4)]
+params = model.init(jax.random.key(1), batches[0]['ids'], batches[0]['segments'],
+                    batches[0]['mask'])['params']
+opt_a = training.phase_a_optimizer(jax.random.PRNGKey(0), step_size=1e-2, beta=50.0,
+                                   radius=1.5, clip_norm=10.0)
+opt_b = training.phase_b_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=4,
+                                   weight_decay=1e-4, clip_norm=1.0)
+step_a = jax.jit(training.make_phase_a_step(model, opt_a, feature_map='favor', lam=1e-3,
+                                            s='coulomb', softening=0.5))
+step_b = jax.jit(training.make_phase_b_step(model, opt_b))
+def trajectory(devices):
+  sh = train.Sharder(devices)
+  st = training.TrainState(jnp.zeros([], jnp.int32), sh.replicate(params),
+                           sh.replicate(opt_a.init(params)))
+  out = []
+  for b in batches:
+    st, m = step_a(st, sh.batch(b)); out.append(float(m['hamiltonian']))
+  st = training.TrainState(jnp.zeros([], jnp.int32), st.params, sh.replicate(opt_b.init(st.params)))
+  for b in batches:
+    st, m = step_b(jax.random.key(2), st, sh.batch(b)); out.append(float(m['loss']))
+  assert len(st.params['layer_0']['ffn_in']['kernel'].sharding.device_set) == len(devices)
+  return np.array(out)
+one, eight = trajectory(jax.devices()[:1]), trajectory(jax.devices())
+np.testing.assert_allclose(eight, one, rtol=2e-5, atol=1e-6)
+print('OK', one.tolist())
+'''
+
+
+def test_eight_fake_devices_follow_the_one_device_trajectory():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', _SHARDED], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'OK' in out.stdout
