@@ -1,0 +1,387 @@
+r"""Tables of the text-classification grid: per-dataset JSON and docs/results.md.
+
+  python -m experiments.report --runs=workdir/grid --out=results --docs=docs/results.md
+
+reads every ``results.json`` under ``--runs`` (``experiments.grid`` lays them
+out as ``<dataset>/<variant>/seed<s>/``) and writes
+
+* ``<out>/<dataset>.json``: ``{dataset, split, command, commit, date, machine,
+  variants: {variant: {metric: {mean, std, n}}}, paired, runs, run_commands,
+  unfinished, reference}``. Metrics are those of the test split (the
+  evaluation split named by ``split``) plus ``train_seconds``,
+  ``phase_a_seconds`` and ``phase_b_seconds``; ``std`` is the sample standard
+  deviation (ddof = 1) over seeds, ``null`` when n = 1. A variant without a
+  finished run is left out. ``paired`` holds Kernel-X − Vanilla-X per feature
+  map, per seed both variants have, summarised the same way. ``reference`` is
+  the TF-IDF row of ``experiments.tfidf_baseline`` (``<out>/tfidf/<dataset>.json``)
+  when that file exists.
+* ``--docs``: one table per dataset (variants in the order of
+  ``configs.text.VARIANTS``, then the reference), the commands, commits,
+  machines and dates of the runs, and the paired table. The block between
+  ``<!-- analysis -->`` and ``<!-- /analysis -->`` of an existing file is kept
+  verbatim; everything else is rewritten.
+
+Runs directories with a ``config.json`` but no ``results.json`` are listed as
+unfinished and left out of the means. Two results for the same (dataset,
+variant, seed), or seeds of one variant trained with different settings, are
+refused rather than averaged.
+"""
+
+import json
+import os
+import re
+from typing import Optional
+
+import numpy as np
+
+from configs import text
+from experiments import provenance
+
+SPLIT_NAMES = {
+    'sst2': 'GLUE SST-2 dev (872)',
+    'rotten_tomatoes': 'test (1,066; HF split)',
+    'qqp_subset': 'Quora 20k held-out (9,928): not GLUE QQP dev',
+    'qqp': 'GLUE QQP dev (40,430)',
+}
+TITLES = {'sst2': 'SST-2', 'rotten_tomatoes': 'Rotten Tomatoes', 'qqp_subset': 'QQP subset (20k)',
+          'qqp': 'QQP'}
+METRICS = ('accuracy', 'f1_micro', 'f1_macro', 'f1_weighted', 'roc_auc', 'pr_auc', 'mcc',
+           'balanced_accuracy', 'log_loss', 'brier', 'ece')
+"""The keys of ``coulomb_jax.metrics.classification_metrics``."""
+TIMES = ('train_seconds', 'phase_a_seconds', 'phase_b_seconds')
+TABLE_COLUMNS = (('accuracy', 'accuracy'), ('f1_macro', 'F1 macro'), ('mcc', 'MCC'),
+                 ('roc_auc', 'ROC-AUC'), ('log_loss', 'LogLoss'), ('brier', 'Brier'),
+                 ('ece', 'ECE'))
+PAIRED_METRICS = (('accuracy', 'accuracy'), ('mcc', 'MCC'), ('ece', 'ECE'), ('brier', 'Brier'))
+REFERENCE_NAME = 'TF-IDF (word uni+bigram) + logistic regression'
+ANALYSIS_START, ANALYSIS_END = '<!-- analysis -->', '<!-- /analysis -->'
+PLACEHOLDER = '(analysis to be written)'
+RESULTS = 'results.json'
+# Config fields that may differ between the seeds of one variant.
+_FREE_FIELDS = ('seed', 'data.data_dir', 'run')
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_runs(runs_dir: str):
+  """``(finished, unfinished)``: results dicts (with ``path``) and unfinished run dirs."""
+  if not os.path.isdir(runs_dir):
+    raise FileNotFoundError(f'--runs: {runs_dir!r} is not a folder.')
+  finished, unfinished = [], []
+  for root, dirs, files in os.walk(runs_dir):
+    dirs.sort()
+    path = os.path.relpath(root, runs_dir)
+    if RESULTS in files or 'config.json' in files:
+      dirs[:] = []                             # a run folder: skip its checkpoints
+    if RESULTS in files:
+      with open(os.path.join(root, RESULTS)) as f:
+        finished.append(dict(json.load(f), path=path))
+    elif 'config.json' in files:
+      with open(os.path.join(root, 'config.json')) as f:
+        config = json.load(f)
+      unfinished.append({'dataset': config['data']['task'], 'variant': config['variant'],
+                         'seed': config['seed'], 'path': path})
+  seen = {}
+  for r in finished:
+    key = (r['dataset'], r['variant'], r['seed'])
+    if key in seen:
+      raise ValueError(f'two results for dataset={key[0]!r} variant={key[1]!r} seed={key[2]}: '
+                       f'{seen[key]} and {r["path"]} (under {runs_dir}); pass a --runs folder '
+                       f'holding one grid.')
+    seen[key] = r['path']
+  return finished, unfinished
+
+
+def load_reference(tfidf_dir: Optional[str], dataset: str) -> Optional[dict]:
+  path = tfidf_dir and os.path.join(tfidf_dir, f'{dataset}.json')
+  if not path or not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    r = json.load(f)
+  metrics = {k: summarize([r['test'][k]]) for k in METRICS}
+  metrics['train_seconds'] = summarize([r['train_seconds']])
+  return {'name': REFERENCE_NAME, 'variant': r['variant'], 'source': path, 'C': r.get('C'),
+          'command': r['command'], 'commit': r['commit'], 'date': r['date'],
+          'machine': r['machine'], 'metrics': metrics}
+
+
+def _flat(config, prefix=''):
+  out = {}
+  for k, v in config.items():
+    out.update(_flat(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
+  return out
+
+
+def _settings(run):
+  return {k: v for k, v in _flat(run.get('config', {})).items()
+          if not any(k == f or k.startswith(f + '.') for f in _FREE_FIELDS)}
+
+
+def _check_same_settings(runs):
+  first = runs[0]
+  for r in runs[1:]:
+    a, b = _settings(first), _settings(r)
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if diff:
+      raise ValueError(f'{first["path"]} and {r["path"]} (same dataset and variant) were trained '
+                       f'with different settings: {diff[:5]}; their seeds cannot be averaged.')
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+def _number(x):
+  return None if x is None or not np.isfinite(x) else float(x)
+
+
+def summarize(values) -> dict:
+  """``{mean, std, n}``: std with ddof = 1, ``None`` when n = 1 (and for nan)."""
+  v = np.asarray([np.nan if x is None else x for x in values], np.float64)
+  std = float(np.std(v, ddof=1)) if len(v) > 1 else None
+  return {'mean': _number(float(np.mean(v))), 'std': _number(std), 'n': len(v)}
+
+
+def variant_order(names):
+  """Names in the order of ``configs.text.VARIANTS``, unknown ones sorted after."""
+  known = [v for v in text.VARIANTS if v in names]
+  return known + sorted(set(names) - set(known))
+
+
+def _by_variant(runs):
+  groups = {}
+  for r in runs:
+    groups.setdefault(r['variant'], []).append(r)
+  return {v: sorted(groups[v], key=lambda r: r['seed']) for v in variant_order(groups)}
+
+
+def _values(run):
+  return {**{k: run['test'][k] for k in METRICS}, **{k: run.get(k) for k in TIMES}}
+
+
+def aggregate(runs) -> dict:
+  """``{variant: {metric: {mean, std, n}}}`` over the seeds of each variant."""
+  out = {}
+  for variant, group in _by_variant(runs).items():
+    _check_same_settings(group)
+    values = [_values(r) for r in group]
+    out[variant] = {k: summarize([v[k] for v in values]) for k in METRICS + TIMES}
+  return out
+
+
+def paired(runs) -> dict:
+  """``{map: {metric: summary}}`` of Kernel-X − Vanilla-X over the seeds both have."""
+  groups = _by_variant(runs)
+  out = {}
+  for fmap in text.MAPS:
+    kernel = {r['seed']: r for r in groups.get(f'kernel-{fmap}', [])}
+    vanilla = {r['seed']: r for r in groups.get(f'vanilla-{fmap}', [])}
+    seeds = sorted(set(kernel) & set(vanilla))
+    if seeds:
+      out[fmap] = {k: summarize([kernel[s]['test'][k] - vanilla[s]['test'][k] for s in seeds])
+                   for k, _ in PAIRED_METRICS}
+      out[fmap]['seeds'] = seeds
+  return out
+
+
+def command_template(command: str, variant: str, seed: int) -> str:
+  """The command with this run's variant and seed replaced by ``{variant}``, ``{seed}``."""
+  v = re.escape(variant)
+  words = []
+  for word in command.split():
+    if word == f'--config.seed={seed}':
+      word = '--config.seed={seed}'
+    elif word.startswith('--config='):
+      word = re.sub(rf'([:,]){v}(?=,|$)', r'\1{variant}', word)
+    else:
+      word = re.sub(rf'(^|[/=]){v}(?=/|$)', r'\1{variant}', word)
+      word = re.sub(rf'(^|/)seed{seed}(?=/|$)', r'\1seed{seed}', word)
+    words.append(word)
+  return ' '.join(words)
+
+
+def run_commands(runs):
+  """Distinct command templates with the runs, variants and seeds they cover."""
+  out = {}
+  for r in runs:
+    t = out.setdefault(command_template(r['command'], r['variant'], r['seed']),
+                       {'runs': 0, 'variants': set(), 'seeds': set()})
+    t['runs'] += 1
+    t['variants'].add(r['variant'])
+    t['seeds'].add(r['seed'])
+  return [{'command': c, 'runs': t['runs'], 'variants': variant_order(t['variants']),
+           'seeds': sorted(t['seeds'])} for c, t in out.items()]
+
+
+def dataset_summary(dataset, runs, unfinished, reference, meta) -> dict:
+  if dataset not in SPLIT_NAMES:
+    raise ValueError(f'dataset {dataset!r}: expected one of {sorted(SPLIT_NAMES)}.')
+  return {
+      'dataset': dataset, 'split': SPLIT_NAMES[dataset], 'command': meta['command'],
+      'commit': meta['commit'], 'date': meta['date'], 'machine': meta['machine'],
+      'variants': aggregate(runs),
+      'paired': paired(runs),
+      'runs': [{k: r.get(k) for k in ('variant', 'seed', 'commit', 'command', 'date', 'machine',
+                                      'path', 'best_epoch')}
+               for group in _by_variant(runs).values() for r in group],
+      'run_commands': run_commands(runs),
+      'unfinished': [u['path'] for u in unfinished],
+      'reference': reference,
+  }
+
+
+# ----------------------------------------------------------------------------- markdown
+
+def fmt(summary, digits=4, signed=False):
+  if summary is None or summary['mean'] is None:
+    return '—'
+  f = lambda x: f'{x:+.{digits}f}' if signed else f'{x:.{digits}f}'
+  if summary['std'] is None:
+    return f(summary['mean'])
+  return f'{f(summary["mean"])} ± {summary["std"]:.{digits}f}'
+
+
+def _seconds(metrics):
+  total = fmt(metrics['train_seconds'], 0)
+  if 'phase_a_seconds' not in metrics or metrics['phase_a_seconds']['mean'] is None:
+    return total
+  return (f"{total} (A {fmt({**metrics['phase_a_seconds'], 'std': None}, 0)} + "
+          f"B {fmt({**metrics['phase_b_seconds'], 'std': None}, 0)})")
+
+
+def describe_machine(m) -> str:
+  if not isinstance(m, dict):
+    return str(m)
+  return (f"{m.get('device_count', '?')} × {m.get('device_kind', '?')} "
+          f"({m.get('platform', '?')}), "
+          f"{m.get('processor', '?')} with {m.get('cpu_count', '?')} CPUs, "
+          f"python {m.get('python', '?')}, jax {m.get('jax', '?')}")
+
+
+def _counted(values):
+  counts = {}
+  for v in values:
+    counts[v] = counts.get(v, 0) + 1
+  return ', '.join(f'{v} ({n} run{"s" * (n > 1)})' for v, n in counts.items())
+
+
+def dataset_markdown(s) -> str:
+  runs = s['runs']
+  lines = [f"## {TITLES.get(s['dataset'], s['dataset'])}: {s['split']}", '']
+  lines.append(f"{len(runs)} finished run{'s' * (len(runs) != 1)} "
+               f"({len(s['variants'])} variant{'s' * (len(s['variants']) != 1)})." + (
+                   f" Unfinished, not included: {', '.join(f'`{p}`' for p in s['unfinished'])}."
+                   if s['unfinished'] else ''))
+  lines.append('')
+  if runs:
+    lines += ['Commands (`{variant}` and `{seed}` stand for each run\'s):', '', '```']
+    for c in s['run_commands']:
+      seeds, variants = ', '.join(map(str, c['seeds'])), ', '.join(c['variants'])
+      lines.append(f"{c['command']}\n  # {c['runs']} run{'s' * (c['runs'] != 1)}; "
+                   f"seeds {seeds}; variants {variants}")
+    lines += ['```', '']
+    dates = sorted(r['date'] for r in runs if r.get('date'))
+    lines.append(f"Commits: {_counted('`' + r['commit'] + '`' for r in runs)}  ")
+    lines.append(f"Machines: {_counted(describe_machine(r['machine']) for r in runs)}  ")
+    lines.append(f"Dates: {dates[0]} to {dates[-1]}" if dates else 'Dates: unknown')
+    lines.append('')
+  ref = s.get('reference')
+  if ref:
+    lines.append(f"Reference row: `{ref['command']}` at `{ref['commit']}` ({ref['date']}; "
+                 f"{describe_machine(ref['machine'])}), C = {ref['C']:g} chosen on validation.")
+    lines.append('')
+  header = ['variant'] + [name for _, name in TABLE_COLUMNS] + ['train s (A + B)', 'n seeds']
+  lines += ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for variant, m in s['variants'].items():
+    cells = [fmt(m[k]) for k, _ in TABLE_COLUMNS] + [_seconds(m), str(m['accuracy']['n'])]
+    lines.append(f'| {variant} | ' + ' | '.join(cells) + ' |')
+  if ref:
+    m = ref['metrics']
+    cells = [fmt(m[k]) for k, _ in TABLE_COLUMNS] + [_seconds(m), '—']
+    lines.append(f"| {ref['name']} | " + ' | '.join(cells) + ' |')
+  lines.append('')
+  if s['paired']:
+    lines += ['Paired Kernel-X − Vanilla-X (difference per seed, then mean ± std over seeds):',
+              '']
+    header = ['map'] + [f'Δ {name}' for _, name in PAIRED_METRICS] + ['n pairs']
+    lines += ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    for fmap, d in s['paired'].items():
+      cells = [fmt(d[k], signed=True) for k, _ in PAIRED_METRICS] + [str(len(d['seeds']))]
+      lines.append(f'| {fmap} | ' + ' | '.join(cells) + ' |')
+  else:
+    lines.append('Paired Kernel-X − Vanilla-X: no map has both variants yet.')
+  lines.append('')
+  return '\n'.join(lines)
+
+
+def read_analysis(docs_path: str) -> str:
+  """The analysis block of an existing file (markers included), or a placeholder block."""
+  default = f'{ANALYSIS_START}\n{PLACEHOLDER}\n{ANALYSIS_END}'
+  if not os.path.exists(docs_path):
+    return default
+  with open(docs_path) as f:
+    old = f.read()
+  start, end = old.find(ANALYSIS_START), old.find(ANALYSIS_END)
+  if start < 0 and end < 0 and not old.strip():
+    return default
+  if start < 0 or end < start:
+    raise ValueError(f'{docs_path} exists but has no {ANALYSIS_START} … {ANALYSIS_END} block; '
+                     f'refusing to overwrite it (move it away or add the markers).')
+  return old[start:end + len(ANALYSIS_END)]
+
+
+def markdown(summaries, analysis, meta) -> str:
+  parts = ['# Text classification: results', '',
+           f"Generated by `{meta['command']}` at `{meta['commit']}` ({meta['date']}). "
+           'Everything outside the analysis block is rewritten on every run of the report.', '',
+           'Mean ± sample std (ddof = 1) over seeds on the evaluation split; one value when '
+           'there is one seed. Train seconds: Phase A + Phase B, evaluation excluded.', '']
+  parts += [dataset_markdown(s) for s in summaries.values()]
+  parts += ['## Analysis', '', analysis, '']
+  return '\n'.join(parts)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
+                 tfidf_dir: Optional[str] = None, meta: Optional[dict] = None) -> dict:
+  """Writes ``<out_dir>/<dataset>.json`` and ``docs_path``; returns ``{dataset: summary}``."""
+  meta = meta or provenance.run_metadata('experiments.report')
+  tfidf_dir = os.path.join(out_dir, 'tfidf') if tfidf_dir is None else tfidf_dir
+  analysis = read_analysis(docs_path)          # fails before anything is written
+  finished, unfinished = load_runs(runs_dir)
+  datasets = {r['dataset'] for r in finished + unfinished}
+  datasets |= {d for d in SPLIT_NAMES if load_reference(tfidf_dir, d)}
+  unknown = datasets - set(SPLIT_NAMES)
+  if unknown:
+    raise ValueError(f'datasets {sorted(unknown)}: expected ones of {sorted(SPLIT_NAMES)}.')
+  summaries = {}
+  for d in (d for d in SPLIT_NAMES if d in datasets):
+    summaries[d] = dataset_summary(d, [r for r in finished if r['dataset'] == d],
+                                   [u for u in unfinished if u['dataset'] == d],
+                                   load_reference(tfidf_dir, d), meta)
+  os.makedirs(out_dir, exist_ok=True)
+  for d, s in summaries.items():
+    provenance.write_json_atomic(os.path.join(out_dir, f'{d}.json'), s, indent=1)
+  if os.path.dirname(docs_path):
+    os.makedirs(os.path.dirname(docs_path), exist_ok=True)
+  provenance.write_atomic(docs_path, markdown(summaries, analysis, meta))
+  return summaries
+
+
+if __name__ == '__main__':
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  _RUNS = flags.DEFINE_string('runs', 'workdir/grid', 'Root of the runs (experiments.grid).')
+  _OUT = flags.DEFINE_string('out', 'results', 'Folder for <dataset>.json.')
+  _DOCS = flags.DEFINE_string('docs', 'docs/results.md', 'Markdown tables.')
+  _TFIDF = flags.DEFINE_string('tfidf', None, 'Folder of the TF-IDF rows (default <out>/tfidf).')
+
+  def main(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    summaries = write_report(_RUNS.value, _OUT.value, _DOCS.value, tfidf_dir=_TFIDF.value)
+    for d, s in summaries.items():
+      print(f"{d}: {len(s['runs'])} runs, {len(s['variants'])} variants, "
+            f"{len(s['unfinished'])} unfinished", flush=True)
+
+  app.run(main)

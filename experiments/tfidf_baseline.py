@@ -1,0 +1,136 @@
+r"""Reference row: TF-IDF (word uni+bigram) + logistic regression, C chosen on validation.
+
+  python -m experiments.tfidf_baseline --data_dir=../shared/data --out=results/tfidf
+
+writes ``<out>/<task>.json`` for sst2, rotten_tomatoes and qqp_subset, with the
+same schema as a ``results.json`` of ``experiments.train`` where it makes sense
+(``variant='tfidf_logreg'``, ``validation`` and ``test`` metrics of
+``coulomb_jax.metrics``, ``train_seconds``, command, commit, machine).
+Splits are those of ``coulomb_jax.data.load_split`` (the same validation rows
+as the neural runs). Choices:
+
+* ``TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2)``, fitted
+  on the training split only. ``min_df=2`` drops terms seen in a single
+  training text (mostly one-off bigrams, which a linear model can only
+  memorise); lower-cased; tokens are runs of word characters and apostrophes
+  (``n't``, ``don't`` stay whole) or single punctuation marks (``!``, ``?``),
+  which sklearn's default pattern would drop.
+* Pairs (qqp_subset): one vectorizer fitted on the training questions of both
+  sides; the features of question 1 and of question 2 are concatenated
+  ``[tfidf(q1), tfidf(q2)]``, so the classifier knows which side a term is
+  on. No cross-question features (overlap, products): this is the plain
+  bag-of-words row, weak on duplicate detection by construction.
+* L2 ``LogisticRegression`` (lbfgs, intercept not penalised) fitted on train
+  for every C of ``c_grid``; the kept C has the best validation accuracy (ties:
+  lower validation log loss, as ``experiments.train`` keeps its epoch); the
+  test split is only scored, with the model of that C (not refitted).
+* ``train_seconds`` covers fitting the vectorizer and every C of the grid.
+"""
+
+import os
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+from scipy import sparse
+from sklearn import feature_extraction
+from sklearn import linear_model
+
+from coulomb_jax import data
+from coulomb_jax import metrics as metrics_lib
+from experiments import provenance
+
+TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset')
+VARIANT = 'tfidf_logreg'
+C_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+MIN_DF = 2
+TOKEN_PATTERN = r"(?u)[\w']+|[^\w\s]"
+MAX_ITER = 2000
+
+
+def make_vectorizer() -> feature_extraction.text.TfidfVectorizer:
+  return feature_extraction.text.TfidfVectorizer(
+      ngram_range=(1, 2), sublinear_tf=True, min_df=MIN_DF, lowercase=True,
+      token_pattern=TOKEN_PATTERN)
+
+
+def featurize(vectorizer, examples: data.Examples) -> sparse.csr_matrix:
+  """``tfidf(a)``, or ``[tfidf(a), tfidf(b)]`` for pairs; ``vectorizer`` already fitted."""
+  x = vectorizer.transform(examples.text_a)
+  if examples.text_b is not None:
+    x = sparse.hstack([x, vectorizer.transform(examples.text_b)], format='csr')
+  return x
+
+
+def _better(new, best):
+  return best is None or (new['accuracy'] > best['accuracy'] or (
+      new['accuracy'] == best['accuracy'] and new['log_loss'] < best['log_loss']))
+
+
+def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
+              meta: Optional[dict] = None) -> dict:
+  """Fits the reference on ``task``'s train split; returns a results dict (see module doc)."""
+  if task not in data.TASKS:
+    raise ValueError(f'task must be one of {data.TASKS}, got {task!r}.')
+  c_grid = [float(c) for c in c_grid]
+  if not c_grid or any(not c > 0 for c in c_grid):
+    raise ValueError(f'c_grid must be a non-empty list of numbers > 0, got {c_grid!r}.')
+  meta = meta or provenance.run_metadata('experiments.tfidf_baseline')
+  splits = {s: data.load_split(task, data_dir, s) for s in data.SPLITS}
+
+  tick = time.perf_counter()
+  train = splits['train']
+  vectorizer = make_vectorizer().fit(train.text_a + (train.text_b or []))
+  x = {s: featurize(vectorizer, ex) for s, ex in splits.items()}
+  selection, best, best_model = [], None, None
+  for c in c_grid:
+    model = linear_model.LogisticRegression(C=c, max_iter=MAX_ITER)
+    model.fit(x['train'], train.labels)
+    val = metrics_lib.classification_metrics(splits['validation'].labels,
+                                             model.predict_proba(x['validation'])[:, 1])
+    selection.append({'C': c, 'validation_accuracy': val['accuracy'],
+                      'validation_log_loss': val['log_loss'], 'iterations': int(model.n_iter_[0])})
+    if _better(val, best):
+      best, best_model = dict(val, C=c), model
+  train_seconds = time.perf_counter() - tick
+
+  results = dict(meta, dataset=task, variant=VARIANT, seed=0,
+                 config={'ngram_range': [1, 2], 'sublinear_tf': True, 'min_df': MIN_DF,
+                         'lowercase': True, 'token_pattern': TOKEN_PATTERN,
+                         'pair_features': 'concat' if train.text_b is not None else None,
+                         'classifier': 'LogisticRegression(l2, lbfgs)', 'max_iter': MAX_ITER,
+                         'c_grid': c_grid, 'selection': 'validation accuracy, then log loss'},
+                 split={'validation': 'validation', 'test': 'test'},
+                 C=best['C'], selection=selection,
+                 num_train=len(train.labels), num_features=int(x['train'].shape[1]),
+                 num_params=int(best_model.coef_.size + best_model.intercept_.size),
+                 train_seconds=train_seconds)
+  for split in ('validation', 'test'):
+    probs = best_model.predict_proba(x[split])[:, 1].astype(np.float64)
+    results[split] = metrics_lib.classification_metrics(splits[split].labels, probs)
+  return results
+
+
+if __name__ == '__main__':
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  _DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'Folder of the offline data.')
+  _OUT = flags.DEFINE_string('out', 'results/tfidf', 'Folder for <task>.json.')
+  _TASKS = flags.DEFINE_list('tasks', list(TASKS), 'Tasks to run.')
+  _C_GRID = flags.DEFINE_list('c_grid', [f'{c:g}' for c in C_GRID], 'Inverse L2 strengths C.')
+
+  def main(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    meta = provenance.run_metadata('experiments.tfidf_baseline')
+    os.makedirs(_OUT.value, exist_ok=True)
+    for task in _TASKS.value:
+      r = run_tfidf(task, _DATA_DIR.value, [float(c) for c in _C_GRID.value], meta=meta)
+      provenance.write_json_atomic(os.path.join(_OUT.value, f'{task}.json'), r, indent=1)
+      v, t = r['validation'], r['test']
+      print(f"{task}: C={r['C']:g} validation accuracy {v['accuracy']:.4f}; test accuracy "
+            f"{t['accuracy']:.4f} MCC {t['mcc']:.4f} ECE {t['ece']:.4f} Brier {t['brier']:.4f} "
+            f"({r['num_features']} features, {r['train_seconds']:.1f} s)", flush=True)
+
+  app.run(main)

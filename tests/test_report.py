@@ -1,0 +1,165 @@
+"""experiments.report on fake grid results; experiments.tfidf_baseline on real data."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from coulomb_jax import metrics as metrics_lib
+from experiments import provenance
+from experiments import report
+from experiments import tfidf_baseline
+
+META = {'command': 'python -m experiments.report --runs=grid', 'commit': 'abc123',
+        'date': '2025-01-02T00:00:00+00:00', 'machine': {'platform': 'cpu', 'cpu_count': 2}}
+DATA_DIR = os.environ.get('COULOMB_DATA_DIR', '/work/shared/data')
+
+
+def _metrics(accuracy, ece=0.05):
+  m = {k: 0.5 for k in report.METRICS}
+  return dict(m, accuracy=accuracy, mcc=2 * accuracy - 1, ece=ece, brier=1 - accuracy)
+
+
+def _write_run(root, dataset, variant, seed, accuracy, seconds=(10.0, 90.0), epochs=5):
+  out = os.path.join(root, dataset, variant, f'seed{seed}')
+  os.makedirs(out)
+  config = {'variant': variant, 'seed': seed, 'data': {'task': dataset, 'data_dir': 'x'},
+            'phase_b': {'num_epochs': epochs}}
+  result = {
+      'command': (f'python -m experiments.train --config=configs/rotten_tomatoes.py:{variant} '
+                  f'--workdir={out} --config.seed={seed} --config.phase_b.num_epochs={epochs}'),
+      'commit': 'c0ffee', 'date': f'2025-01-0{seed + 1}T00:00:00+00:00',
+      'machine': {'platform': 'gpu', 'device_kind': 'H200', 'device_count': 1},
+      'dataset': dataset, 'variant': variant, 'seed': seed, 'config': config, 'best_epoch': 3,
+      'phase_a_steps': 10, 'phase_a_seconds': seconds[0], 'phase_b_seconds': seconds[1],
+      'train_seconds': sum(seconds), 'num_devices': 1, 'num_params': 100,
+      'validation': _metrics(accuracy + 0.01), 'test': _metrics(accuracy, ece=0.1 * accuracy)}
+  provenance.write_json_atomic(os.path.join(out, 'results.json'), result)
+
+
+@pytest.fixture
+def grid(tmp_path):
+  root = str(tmp_path / 'grid')
+  _write_run(root, 'rotten_tomatoes', 'kernel-favor', 0, 0.80)
+  _write_run(root, 'rotten_tomatoes', 'kernel-favor', 1, 0.84, seconds=(20.0, 100.0))
+  _write_run(root, 'rotten_tomatoes', 'vanilla-favor', 0, 0.78, seconds=(0.0, 80.0))
+  # Started but not finished: listed, never averaged.
+  os.makedirs(os.path.join(root, 'rotten_tomatoes', 'softmax', 'seed0'))
+  provenance.write_json_atomic(
+      os.path.join(root, 'rotten_tomatoes', 'softmax', 'seed0', 'config.json'),
+      {'variant': 'softmax', 'seed': 0, 'data': {'task': 'rotten_tomatoes'}})
+  return root
+
+
+def test_metric_names_match_the_metrics_module():
+  got = metrics_lib.classification_metrics([0, 1, 1], [0.2, 0.7, 0.4])
+  assert tuple(got) == report.METRICS
+
+
+def test_aggregation_schema_mean_and_sample_std(grid, tmp_path):
+  out, docs = str(tmp_path / 'results'), str(tmp_path / 'docs' / 'results.md')
+  summaries = report.write_report(grid, out, docs, meta=META)
+  assert list(summaries) == ['rotten_tomatoes']
+  assert not os.path.exists(os.path.join(out, 'sst2.json'))
+  with open(os.path.join(out, 'rotten_tomatoes.json')) as f:
+    s = json.load(f)
+  assert {'dataset', 'split', 'command', 'commit', 'machine', 'variants'} <= set(s)
+  assert s['dataset'] == 'rotten_tomatoes' and s['split'] == 'test (1,066; HF split)'
+  assert (s['command'], s['commit'], s['machine']) == (META['command'], META['commit'],
+                                                       META['machine'])
+  # Only variants with finished runs; softmax (unfinished) is listed, not invented.
+  assert list(s['variants']) == ['vanilla-favor', 'kernel-favor']
+  assert s['unfinished'] == [os.path.join('rotten_tomatoes', 'softmax', 'seed0')]
+  kernel, vanilla = s['variants']['kernel-favor'], s['variants']['vanilla-favor']
+  assert set(kernel) == set(report.METRICS + report.TIMES)
+  for m in kernel.values():
+    assert set(m) == {'mean', 'std', 'n'}
+  acc = kernel['accuracy']
+  assert acc['n'] == 2 and acc['mean'] == pytest.approx(0.82)
+  assert acc['std'] == pytest.approx(np.std([0.80, 0.84], ddof=1))
+  assert acc['std'] == pytest.approx(0.04 / np.sqrt(2))
+  assert kernel['train_seconds']['mean'] == pytest.approx(110.0)
+  assert kernel['phase_a_seconds']['std'] == pytest.approx(np.std([10.0, 20.0], ddof=1))
+  assert vanilla['accuracy'] == {'mean': pytest.approx(0.78), 'std': None, 'n': 1}
+  # Paired on seed 0 only (vanilla has no seed 1).
+  d = s['paired']['favor']
+  assert d['seeds'] == [0] and d['accuracy']['n'] == 1 and d['accuracy']['std'] is None
+  assert d['accuracy']['mean'] == pytest.approx(0.02)
+  assert d['ece']['mean'] == pytest.approx(0.002)
+  assert [(r['variant'], r['seed']) for r in s['runs']] == [
+      ('vanilla-favor', 0), ('kernel-favor', 0), ('kernel-favor', 1)]
+  assert s['reference'] is None
+  # Seeds and variants collapse to one command template.
+  [c] = s['run_commands']
+  assert c['runs'] == 3 and c['seeds'] == [0, 1]
+  assert ':{variant} ' in c['command'] and '/{variant}/seed{seed} ' in c['command']
+  assert '--config.seed={seed}' in c['command']
+
+
+def test_markdown_rows_reference_and_analysis_survive(grid, tmp_path):
+  out, docs = str(tmp_path / 'results'), str(tmp_path / 'results.md')
+  os.makedirs(os.path.join(out, 'tfidf'))
+  tfidf = {'command': 'python -m experiments.tfidf_baseline', 'commit': 'abc', 'date': 'd',
+           'machine': {}, 'dataset': 'rotten_tomatoes', 'variant': 'tfidf_logreg', 'seed': 0,
+           'C': 4.0, 'train_seconds': 3.0, 'validation': _metrics(0.75),
+           'test': _metrics(0.7852)}
+  provenance.write_json_atomic(os.path.join(out, 'tfidf', 'rotten_tomatoes.json'), tfidf)
+  report.write_report(grid, out, docs, meta=META)
+  with open(docs) as f:
+    md = f.read()
+  assert '| vanilla-favor | 0.7800 |' in md
+  assert '| kernel-favor | 0.8200 ± 0.0283 |' in md
+  assert md.index('| vanilla-favor |') < md.index('| kernel-favor |') < md.index('| TF-IDF')
+  assert f'| {report.REFERENCE_NAME} | 0.7852 |' in md
+  assert '| softmax |' not in md
+  assert '110 ± 14 (A 15 + B 95)' in md
+  assert '| favor | +0.0200 |' in md
+  assert 'c0ffee' in md and '2025-01-01' in md and '2025-01-02' in md
+  assert f'{report.ANALYSIS_START}\n{report.PLACEHOLDER}\n{report.ANALYSIS_END}' in md
+  with open(os.path.join(out, 'rotten_tomatoes.json')) as f:
+    assert json.load(f)['reference']['metrics']['accuracy']['mean'] == 0.7852
+
+  analysis = f'{report.ANALYSIS_START}\nKernel-FAVOR beats the paper by 1.2 points.\n\n' \
+             f'| hand | table |\n{report.ANALYSIS_END}'
+  provenance.write_atomic(docs, md.replace(
+      f'{report.ANALYSIS_START}\n{report.PLACEHOLDER}\n{report.ANALYSIS_END}', analysis))
+  _write_run(grid, 'rotten_tomatoes', 'vanilla-favor', 1, 0.80)
+  report.write_report(grid, out, docs, meta=META)
+  with open(docs) as f:
+    md = f.read()
+  assert analysis in md and report.PLACEHOLDER not in md
+  assert '| vanilla-favor | 0.7900 ± 0.0141 |' in md
+
+
+def test_refuses_to_overwrite_a_file_without_markers_and_duplicate_runs(grid, tmp_path):
+  docs = str(tmp_path / 'results.md')
+  provenance.write_atomic(docs, 'hand-written notes\n')
+  with pytest.raises(ValueError, match='no <!-- analysis -->'):
+    report.write_report(grid, str(tmp_path / 'results'), docs, meta=META)
+  with open(docs) as f:
+    assert f.read() == 'hand-written notes\n'
+  _write_run(str(tmp_path / 'grid' / 'again'), 'rotten_tomatoes', 'kernel-favor', 0, 0.5)
+  with pytest.raises(ValueError, match='two results'):
+    report.load_runs(str(tmp_path / 'grid'))
+
+
+def test_seeds_with_different_settings_are_not_averaged(tmp_path):
+  root = str(tmp_path / 'grid')
+  _write_run(root, 'sst2', 'softmax', 0, 0.8, epochs=5)
+  _write_run(root, 'sst2', 'softmax', 1, 0.8, epochs=10)
+  with pytest.raises(ValueError, match='phase_b.num_epochs'):
+    report.write_report(root, str(tmp_path / 'out'), str(tmp_path / 'r.md'), meta=META)
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(DATA_DIR, 'rotten_tomatoes')),
+                    reason=f'no Rotten Tomatoes data under {DATA_DIR} (set COULOMB_DATA_DIR)')
+def test_tfidf_on_rotten_tomatoes():
+  r = tfidf_baseline.run_tfidf('rotten_tomatoes', DATA_DIR, c_grid=(1.0, 8.0), meta=META)
+  assert r['C'] in (1.0, 8.0) and [s['C'] for s in r['selection']] == [1.0, 8.0]
+  best = max(r['selection'], key=lambda s: (s['validation_accuracy'], -s['validation_log_loss']))
+  assert best['C'] == r['C'] and best['validation_accuracy'] == r['validation']['accuracy']
+  assert r['test']['accuracy'] > 0.7
+  assert set(r['test']) == set(report.METRICS)
+  assert (r['dataset'], r['variant'], r['seed']) == ('rotten_tomatoes', 'tfidf_logreg', 0)
+  assert r['commit'] == META['commit'] and r['train_seconds'] > 0
