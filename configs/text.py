@@ -87,6 +87,9 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.model.dropout_rate = 0.1
   # Linformer's projected length P (Linformer only).
   config.model.linformer_length = 64
+  # Kernel attention in chunks of this many tokens without storing the [B, L, H, M]
+  # features (attention.fused_linear_attention); 0 = the materialised path.
+  config.model.chunk_size = 0
 
   config.phase_a = ml_collections.ConfigDict()
   # Learn the particles before Phase B (Kernel-X); False keeps them at their random draw.

@@ -123,3 +123,119 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
   _, out = jax.lax.scan(step, init, (qc, kc, vc))
   out = jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, h, d)
   return out[:, :length]
+
+
+def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.Array, *,
+                           feature_map: str = 'favor', key_mask: Optional[jax.Array] = None,
+                           chunk_size: int = 1024, eps: float = DEFAULT_EPS) -> jax.Array:
+  r"""Bidirectional linear attention that never stores the ``[B, L, H, M]`` features.
+
+  Same result as ``linear_attention(φ(q), φ(k), v, key_mask)`` with φ the
+  per-head map of ``omega`` (``favor`` stabilised as in ``models.KernelAttention``:
+  per query row, and per (batch, head) over real keys), but L is cut into
+  chunks of C tokens and φ is computed inside each chunk:
+
+  * keys: a ``lax.scan`` over chunks accumulates S = Σ_j φ(k_j) v_jᵀ
+    ``[B, H, F, D]`` and z = Σ_j φ(k_j) ``[B, H, F]`` (F = M, or 2M for
+    ``softmaxfeat``). For ``favor`` the
+    stabiliser is an online max (as in flash attention): S and z are rescaled
+    by e^{m_old − m_new} when a chunk raises the running max m, so the final
+    shift is the max over all real keys, exactly the unfused one;
+  * queries: ``lax.map`` over chunks, out = φ(q) S / max(φ(q)ᵀ z, eps).
+
+  Both bodies are ``jax.checkpoint``-ed, so the backward pass recomputes a
+  chunk's features instead of keeping them: memory O(B·H·(C·M + M·D)) beyond
+  the inputs and outputs, instead of O(B·L·H·M); time unchanged, O(L·M·D).
+
+  Args:
+    q, k: ``[B, L, H, d]`` queries and keys, already scaled (e.g. by d^{−1/4}).
+    v: ``[B, L, H, D]`` values.
+    omega: ``[H, M, d]`` particles, one set per head.
+    feature_map: a name in ``features.ATTENTION_FEATURE_MAPS``.
+    key_mask: optional ``[B, L]`` bool, True for real tokens.
+    chunk_size: C ≥ 1; L need not be a multiple of it.
+    eps: denominator guard.
+  """
+  from coulomb_jax import features  # pylint: disable=g-import-not-at-top
+  for name, a in (('q', q), ('k', k), ('v', v)):
+    _checks.check_rank(name, a, 4)
+  _checks.check_rank('omega', omega, 3)
+  if q.shape != k.shape or v.shape[:3] != q.shape[:3]:
+    raise ValueError(f'q, k must be [B, L, H, d] and v [B, L, H, D] with the same [B, L, H], '
+                     f'got {q.shape}, {k.shape} and {v.shape}.')
+  if omega.shape[0] != q.shape[2] or omega.shape[2] != q.shape[3]:
+    raise ValueError(f'omega must be [H, M, d] = [{q.shape[2]}, M, {q.shape[3]}], got '
+                     f'{omega.shape}.')
+  if feature_map not in features.ATTENTION_FEATURE_MAPS:
+    raise ValueError(f'feature_map must be one of {features.ATTENTION_FEATURE_MAPS}, got '
+                     f'{feature_map!r}.')
+  chunk = _checks.check_int('chunk_size', chunk_size, 1)
+  b, length, h, dim = q.shape
+  d_v, out_dtype = v.shape[-1], v.dtype
+  if key_mask is None:
+    key_mask = jnp.ones((b, length), bool)
+  elif key_mask.shape != (b, length):
+    raise ValueError(f'key_mask must have shape [B, L] = {(b, length)}, got {key_mask.shape}.')
+  chunk = min(chunk, length)
+  pad = (-length) % chunk
+  dtype = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
+  q, k, v, omega = (a.astype(dtype) for a in (q, k, v, omega))
+  if pad:
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q, k, v = (jnp.pad(a, widths) for a in (q, k, v))
+    key_mask = jnp.pad(key_mask, ((0, 0), (0, pad)))
+  n = (length + pad) // chunk
+  to_chunks = lambda a: jnp.moveaxis(a.reshape((b, n, chunk) + a.shape[2:]), 1, 0)
+  num_features = omega.shape[1]
+  is_favor = feature_map == 'favor'
+  fmap = jax.vmap(features.get_feature_map(feature_map), in_axes=(2, 0), out_axes=2)
+
+  def log_favor(x):                                       # [B, C, H, d] -> [B, C, H, M]
+    return (jnp.einsum('bchd,hmd->bchm', x, omega)
+            - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
+
+  @jax.checkpoint
+  def key_step(carry, inputs):
+    s, z, m = carry                       # [B, H, M, D], [B, H, M], [B, H] (running max)
+    kc, vc, mc = inputs                   # [B, C, H, d], [B, C, H, D], [B, C]
+    keep = mc[:, :, None, None]
+    vc = jnp.where(keep, vc, 0.0)
+    if is_favor:
+      logits = log_favor(kc)
+      chunk_max = jnp.max(jnp.where(keep, logits, -jnp.inf), axis=(1, 3))   # [B, H]
+      m_new = jax.lax.stop_gradient(jnp.maximum(m, chunk_max))
+      m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+      rescale = jnp.where(jnp.isfinite(m), jnp.exp(m - m_safe), 0.0)
+      phi = jnp.where(keep, jnp.exp(logits - m_safe[:, None, :, None]), 0.0)
+      phi = phi / jnp.sqrt(float(num_features))
+      s = s * rescale[..., None, None]
+      z = z * rescale[..., None]
+    else:
+      phi = jnp.where(keep, fmap(kc, omega), 0.0)
+      m_new = m
+    s = s + jnp.einsum('bchm,bchd->bhmd', phi, vc)
+    z = z + jnp.sum(phi, axis=1)
+    return (s, z, m_new), None
+
+  # F: the number of features per head (2M for softmaxfeat's [s, −s]).
+  f_out = (num_features if is_favor else
+           jax.eval_shape(fmap, jax.ShapeDtypeStruct((1, 1, h, dim), dtype), omega).shape[-1])
+  init = (jnp.zeros((b, h, f_out, d_v), dtype), jnp.zeros((b, h, f_out), dtype),
+          jnp.full((b, h), -jnp.inf, dtype))
+  (s, z, _), _ = jax.lax.scan(key_step, init, (to_chunks(k), to_chunks(v), to_chunks(key_mask)))
+
+  @jax.checkpoint
+  def query_step(qc):                                     # [B, C, H, d] -> [B, C, H, D]
+    if is_favor:
+      logits = log_favor(qc)
+      logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+      phi = jnp.exp(logits) / jnp.sqrt(float(num_features))
+    else:
+      phi = fmap(qc, omega)
+    num = jnp.einsum('bchm,bhmd->bchd', phi, s)
+    den = jnp.einsum('bchm,bhm->bch', phi, z)
+    return num / jnp.maximum(den, eps)[..., None]
+
+  out = jax.lax.map(query_step, to_chunks(q))            # [n, B, C, H, D]
+  out = jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, h, d_v)
+  return out[:, :length].astype(out_dtype)

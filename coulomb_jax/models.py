@@ -62,6 +62,9 @@ class KernelAttention(nn.Module):
     qk_mode: ``"shared"`` (Q = K = x, no W_q/W_k) or ``"projected"``.
     orthogonal: draw the initial particles with ``features.sample_orthogonal``.
     causal: use ``attention.causal_linear_attention``.
+    chunk_size: if set (bidirectional only), ``attention.fused_linear_attention``
+      with chunks of this many tokens: the ``[B, L, H, M]`` features are never
+      stored (long sequences); same outputs and gradients up to rounding.
   """
   num_heads: int
   feature_map: str = 'favor'
@@ -69,6 +72,7 @@ class KernelAttention(nn.Module):
   qk_mode: str = 'shared'
   orthogonal: bool = False
   causal: bool = False
+  chunk_size: Optional[int] = None
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
@@ -103,6 +107,11 @@ class KernelAttention(nn.Module):
     # Phase A's data: the per-head mean over real tokens of the (scaled) keys,
     # ``[B, H, D_h]``; collected with ``mutable=['intermediates']``.
     self.sow('intermediates', 'phase_a_inputs', masked_mean(k * scale, mask, axis=1))
+    if self.chunk_size is not None and not self.causal:
+      out = attention.fused_linear_attention(
+          q * scale, k * scale, v, particles, feature_map=self.feature_map, key_mask=mask,
+          chunk_size=self.chunk_size)
+      return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
     per_head = lambda f, a: jax.vmap(f, in_axes=(2, 0), out_axes=2)(a * scale, particles)
     out_fn = attention.causal_linear_attention if self.causal else attention.linear_attention
     out = out_fn(per_head(q_map, q), per_head(k_map, k), v, mask)
@@ -194,13 +203,15 @@ class EncoderClassifier(nn.Module):
   qk_mode: str = 'shared'
   orthogonal: bool = False
   linformer_length: int = 64
+  chunk_size: Optional[int] = None
 
   def _attention(self, index):
     name = f'attention_{index}'
     if self.attention == 'kernel':
       return KernelAttention(num_heads=self.num_heads, feature_map=self.feature_map,
                              num_features=self.num_features, qk_mode=self.qk_mode,
-                             orthogonal=self.orthogonal, name=name)
+                             orthogonal=self.orthogonal, chunk_size=self.chunk_size,
+                             name=name)
     if self.attention == 'softmax':
       return SoftmaxAttention(num_heads=self.num_heads, name=name)
     if self.attention == 'linformer':

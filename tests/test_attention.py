@@ -111,3 +111,69 @@ def test_bad_input():
     attention.linear_attention(q, k, v, jnp.ones((B, L + 1), bool))
   with pytest.raises(ValueError, match='chunk_size must be an integer >= 1, got 0'):
     attention.causal_linear_attention(q, k, v, chunk_size=0)
+
+
+# ----------------------------------------------------------------------------- fused path
+
+def _unfused(q, k, v, omega, name, mask):
+  """The materialised reference: features as models.KernelAttention computes them."""
+  import functools
+  per_head = lambda f, a: jax.vmap(f, in_axes=(2, 0), out_axes=2)(a, omega)
+  if name == 'favor':
+    qf = per_head(functools.partial(features.favor, stabilize=True), q)
+    kf = per_head(functools.partial(features.favor, stabilize=(-2, -1), stabilize_mask=mask), k)
+  else:
+    qf, kf = per_head(features.get_feature_map(name), q), per_head(features.get_feature_map(name), k)
+  return attention.linear_attention(qf, kf, v, mask)
+
+
+def _fused_inputs(length=37):
+  ks = jax.random.split(jax.random.key(5), 4)
+  q = 0.5 * jax.random.normal(ks[0], (2, length, 2, 8))
+  k = 0.5 * jax.random.normal(ks[1], (2, length, 2, 8))
+  v = jax.random.normal(ks[2], (2, length, 2, 8))
+  omega = jax.random.normal(ks[3], (2, 16, 8))
+  mask = jnp.arange(length)[None] < jnp.array([length, 20])[:, None]
+  return q, k, v, omega, mask
+
+
+@pytest.mark.parametrize('name', ['favor', 'elu', 'softmaxfeat', 'cos2'])
+@pytest.mark.parametrize('chunk', [5, 64])
+def test_fused_equals_materialised_outputs_and_gradients(name, chunk):
+  q, k, v, omega, mask = _fused_inputs()
+  keep = mask[..., None, None]
+
+  def loss(fn, *args):
+    return jnp.sum(jnp.where(keep, fn(*args), 0.0) ** 2)
+
+  fused = lambda *a: attention.fused_linear_attention(*a, feature_map=name, key_mask=mask,
+                                                      chunk_size=chunk)
+  ref = lambda *a: _unfused(*a, name, mask)
+  np.testing.assert_allclose(jnp.where(keep, fused(q, k, v, omega), 0),
+                             jnp.where(keep, ref(q, k, v, omega), 0), atol=2e-6)
+  g_fused = jax.grad(lambda *a: loss(fused, *a), argnums=(0, 1, 2, 3))(q, k, v, omega)
+  g_ref = jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2, 3))(q, k, v, omega)
+  for a, b in zip(g_fused, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
+def test_fused_favor_survives_large_logits_and_bf16():
+  q, k, v, omega, mask = _fused_inputs()
+  # Keys whose favor exponents reach ~1e3: an unstabilised exp overflows.
+  out = attention.fused_linear_attention(q, 30.0 * k, v, omega, key_mask=mask, chunk_size=8)
+  assert np.all(np.isfinite(np.asarray(out)))
+  bf = attention.fused_linear_attention(*(a.astype(jnp.bfloat16) for a in (q, k, v)), omega,
+                                        key_mask=mask, chunk_size=8)
+  assert bf.dtype == jnp.bfloat16 and np.all(np.isfinite(np.asarray(bf, np.float32)))
+
+
+def test_fused_bad_input():
+  q, k, v, omega, mask = _fused_inputs()
+  with pytest.raises(ValueError, match='omega'):
+    attention.fused_linear_attention(q, k, v, omega[:, :, :4])
+  with pytest.raises(ValueError, match='feature_map'):
+    attention.fused_linear_attention(q, k, v, omega, feature_map='rff')
+  with pytest.raises(ValueError, match='chunk_size'):
+    attention.fused_linear_attention(q, k, v, omega, chunk_size=0)
+  with pytest.raises(ValueError, match='key_mask'):
+    attention.fused_linear_attention(q, k, v, omega, key_mask=mask[:, :3])

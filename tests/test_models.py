@@ -152,3 +152,15 @@ def test_encoder_rejects_too_long_input_and_unknown_attention():
   ids, seg, mask = _tokens([4], 4)
   with pytest.raises(ValueError, match="attention must be one of"):
     _encoder(attention='bogus').init(jax.random.key(0), ids, seg, mask)
+
+
+@pytest.mark.parametrize('name', ['favor', 'softmaxfeat'])
+def test_chunked_module_equals_the_materialised_one(name):
+  x = _x(length=13)
+  mask = jnp.arange(13)[None] < jnp.array([13, 6])[:, None]
+  plain = models.KernelAttention(num_heads=H, num_features=M, feature_map=name)
+  fused = models.KernelAttention(num_heads=H, num_features=M, feature_map=name, chunk_size=4)
+  params = plain.init(jax.random.key(0), x, mask)
+  keep = mask[..., None]
+  np.testing.assert_allclose(jnp.where(keep, fused.apply(params, x, mask), 0),
+                             jnp.where(keep, plain.apply(params, x, mask), 0), atol=1e-5)
