@@ -1,24 +1,33 @@
-r"""Linear attention with a feature map against softmax attention, vs sequence length.
+r"""Kernel (linear) attention against softmax attention, vs sequence length.
 
   python -m benchmarks.attention --out=benchmarks/results            # CPU sizes
   python -m benchmarks.attention --lengths=1024,4096,16384,65536,262144 --softmax_max_len=65536
 
-For each L and dtype: the median wall time (after one warm-up call, each call
-ended by ``block_until_ready``) of the forward and of forward+backward (grad of
-a sum w.r.t. q, k, v) of
+For each L, dtype and feature map: the median wall time (after one warm-up call,
+each call ended by ``block_until_ready``) of the forward and of forward+backward
+(grad of a sum w.r.t. q, k, v) of
 
-* ``linear``: FAVOR+ features (``features.favor``, stabilised: per query row, and
-  per (batch, head) for keys) of M particles, then ``attention.linear_attention``;
+* ``materialized``: the per-head feature map (``favor`` stabilised per query
+  row and per (batch, head) for keys, as ``models.KernelAttention`` does), then
+  ``attention.linear_attention``: the ``[B, L, H, M]`` features are stored;
+* ``fused``: ``attention.fused_linear_attention`` (chunks of ``--chunk_size``
+  tokens, features computed inside each chunk, never stored);
 * ``softmax``: ``jax.nn.dot_product_attention`` (XLA; cuDNN flash on GPU when the
   backend picks it), skipped above ``--softmax_max_len``.
 
-Shapes B × L × H × D (defaults B = 4, H = 8, D = 64, M = 256). Learned and fixed
-particles run the same code on different values, so one timing covers both.
-Peak device memory is reported where the backend exposes it (GPU), else null.
-Writes ``attention.json`` and ``attention.md``.
+``vanilla`` particles are an orthogonal N(0, I) draw; ``learned`` ones are the
+same draw after Langevin-like moves (projected onto the radius-1.5 ball and
+perturbed), i.e. what Phase A hands to the model: the code is the same, the
+values differ, and ``learned_over_vanilla`` is the measured time ratio.
+Memory: ``temp_mb`` is XLA's compiled temporary-buffer size of the
+forward+backward (``memory_analysis``, any backend: it is what grows with L
+beyond inputs and outputs), ``peak_mb`` the device's peak where the backend
+exposes it (GPU), else null. Shapes B × L × H × D (defaults B = 4, H = 8,
+D = 64, M = 256). Writes ``attention.json`` and ``attention.md``.
 """
 
 import datetime
+import functools
 import json
 import os
 
@@ -29,6 +38,7 @@ import jax.numpy as jnp
 
 from coulomb_jax import attention
 from coulomb_jax import features
+from coulomb_jax import langevin
 from benchmarks.timing import median_seconds
 from experiments import provenance
 
@@ -43,79 +53,140 @@ _FEATURES = flags.DEFINE_integer('num_features', 256, 'Particles / features M pe
 _SOFTMAX_MAX = flags.DEFINE_integer('softmax_max_len', 4096,
                                     'Skip softmax attention above this L (O(L²)).')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per case (median reported).')
+_MAPS = flags.DEFINE_list('feature_maps', ['favor'], 'Feature maps of kernel attention.')
+_IMPLS = flags.DEFINE_list('impls', ['materialized', 'fused', 'softmax'], 'Implementations.')
+_CHUNK = flags.DEFINE_integer('chunk_size', 1024, 'Chunk length of the fused path.')
+_LEARNED = flags.DEFINE_bool('learned', True, 'Also time learned particles (same code).')
 
 
-def linear(omega, q, k, v):
+def materialized(feature_map, omega, q, k, v):
+  """omega: [H, M, D]. Features per head, stored, then linear_attention."""
   scale = q.shape[-1] ** -0.25                      # exp(q·k/√D) as in FAVOR+
-  qf = features.favor(q * scale, omega, stabilize=True)
-  kf = features.favor(k * scale, omega, stabilize=(-3, -1))
+  per_head = lambda f, a: jax.vmap(f, in_axes=(2, 0), out_axes=2)(a * scale, omega)
+  if feature_map == 'favor':
+    qf = per_head(functools.partial(features.favor, stabilize=True), q)
+    kf = per_head(functools.partial(features.favor, stabilize=(-3, -1)), k)
+  else:
+    fm = features.get_feature_map(feature_map)
+    qf, kf = per_head(fm, q), per_head(fm, k)
   return attention.linear_attention(qf, kf, v)
 
 
-def softmax(omega, q, k, v):
-  del omega
+def fused(feature_map, omega, q, k, v):
+  scale = q.shape[-1] ** -0.25
+  return attention.fused_linear_attention(q * scale, k * scale, v, omega,
+                                          feature_map=feature_map, chunk_size=_CHUNK.value)
+
+
+def softmax(feature_map, omega, q, k, v):
+  del feature_map, omega
   return jax.nn.dot_product_attention(q, k, v)
 
 
-def peak_bytes():
+IMPLS = {'materialized': materialized, 'fused': fused, 'softmax': softmax}
+
+
+def peak_mb():
   stats = jax.devices()[0].memory_stats() or {}
-  return stats.get('peak_bytes_in_use')
+  peak = stats.get('peak_bytes_in_use')
+  return None if peak is None else peak / 2**20
+
+
+def temp_mb(jitted, *args):
+  try:
+    analysis = jitted.lower(*args).compile().memory_analysis()
+    return analysis.temp_size_in_bytes / 2**20
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def particles(key, learned):
+  """[H, M, D] orthogonal draws; learned: projected on the 1.5-ball and perturbed."""
+  keys = jax.random.split(key, _HEADS.value)
+  omega = jax.vmap(lambda k: features.sample_orthogonal(k, _FEATURES.value,
+                                                        _HEAD_DIM.value))(keys)
+  if learned:
+    omega = langevin.project_to_ball(
+        omega + 0.1 * jax.random.normal(jax.random.fold_in(key, 7), omega.shape), 1.5)
+  return omega
 
 
 def main(argv):
   del argv
   key = jax.random.key(0)
-  omega = features.sample_orthogonal(jax.random.fold_in(key, 1), _FEATURES.value,
-                                     _HEAD_DIM.value)
+  sets = {'vanilla': particles(jax.random.fold_in(key, 1), False)}
+  if _LEARNED.value:
+    sets['learned'] = particles(jax.random.fold_in(key, 1), True)
   rows = []
   for dtype in _DTYPES.value:
     for length in map(int, _LENGTHS.value):
       shape = (_BATCH.value, length, _HEADS.value, _HEAD_DIM.value)
       q, k, v = (jax.random.normal(jax.random.fold_in(key, 10 + i), shape, dtype)
                  for i in range(3))
-      for name, fn in (('linear', linear), ('softmax', softmax)):
-        if name == 'softmax' and length > _SOFTMAX_MAX.value:
+      for impl in _IMPLS.value:
+        if impl == 'softmax' and length > _SOFTMAX_MAX.value:
           continue
-        fwd = jax.jit(fn)
-        bwd = jax.jit(jax.grad(lambda o, a, b, c, f=fn: jnp.sum(f(o, a, b, c).astype(
-            jnp.float32)), argnums=(1, 2, 3)))
-        row = {'impl': name, 'dtype': dtype, 'L': length,
-               'forward_ms': 1e3 * median_seconds(fwd, omega, q, k, v,
-                                                  repeats=_REPEATS.value),
-               'forward_backward_ms': 1e3 * median_seconds(bwd, omega, q, k, v,
-                                                           repeats=_REPEATS.value),
-               'peak_bytes': peak_bytes()}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        maps = ['-'] if impl == 'softmax' else _MAPS.value
+        for fmap in maps:
+          for kind, omega in sets.items():
+            if impl == 'softmax' and kind == 'learned':
+              continue
+            fn = functools.partial(IMPLS[impl], fmap)
+            fwd = jax.jit(fn)
+            bwd = jax.jit(jax.grad(lambda o, a, b, c, f=fn: jnp.sum(f(o, a, b, c).astype(
+                jnp.float32)), argnums=(1, 2, 3)))
+            row = {'impl': impl, 'feature_map': fmap, 'particles': kind, 'dtype': dtype,
+                   'L': length,
+                   'forward_ms': 1e3 * median_seconds(fwd, omega, q, k, v,
+                                                      repeats=_REPEATS.value),
+                   'forward_backward_ms': 1e3 * median_seconds(bwd, omega, q, k, v,
+                                                               repeats=_REPEATS.value),
+                   'temp_mb': temp_mb(bwd, omega, q, k, v), 'peak_mb': peak_mb()}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
 
-  lines = ['| dtype | L | linear fwd (ms) | softmax fwd (ms) | linear fwd+bwd (ms) | '
-           'softmax fwd+bwd (ms) |', '|---|---|---|---|---|---|']
-  index = {(r['impl'], r['dtype'], r['L']): r for r in rows}
-  fmt = lambda r, f: f'{r[f]:.2f}' if r else '–'
+  index = {(r['impl'], r['feature_map'], r['particles'], r['dtype'], r['L']): r for r in rows}
+  num = lambda r, f, p=2: '–' if r is None or r[f] is None else f'{r[f]:.{p}f}'
+  lines = ['| dtype | map | L | materialized fwd / fwd+bwd (ms) | fused fwd / fwd+bwd (ms) | '
+           'softmax fwd / fwd+bwd (ms) | temp MB mat. / fused / softmax | learned ÷ vanilla '
+           '(fwd+bwd) |', '|---|---|---|---|---|---|---|---|']
   for dtype in _DTYPES.value:
-    for length in map(int, _LENGTHS.value):
-      lin, soft = index.get(('linear', dtype, length)), index.get(('softmax', dtype, length))
-      lines.append(f'| {dtype} | {length} | {fmt(lin, "forward_ms")} | '
-                   f'{fmt(soft, "forward_ms")} | {fmt(lin, "forward_backward_ms")} | '
-                   f'{fmt(soft, "forward_backward_ms")} |')
+    for fmap in _MAPS.value:
+      for length in map(int, _LENGTHS.value):
+        mat = index.get(('materialized', fmap, 'vanilla', dtype, length))
+        fus = index.get(('fused', fmap, 'vanilla', dtype, length))
+        soft = index.get(('softmax', '-', 'vanilla', dtype, length))
+        ratios = []
+        for impl in ('materialized', 'fused'):
+          lr = index.get((impl, fmap, 'learned', dtype, length))
+          va = index.get((impl, fmap, 'vanilla', dtype, length))
+          if lr and va:
+            ratios.append(f"{lr['forward_backward_ms'] / va['forward_backward_ms']:.3f}")
+        lines.append(
+            f'| {dtype} | {fmap} | {length} | {num(mat, "forward_ms")} / '
+            f'{num(mat, "forward_backward_ms")} | {num(fus, "forward_ms")} / '
+            f'{num(fus, "forward_backward_ms")} | {num(soft, "forward_ms")} / '
+            f'{num(soft, "forward_backward_ms")} | {num(mat, "temp_mb", 0)} / '
+            f'{num(fus, "temp_mb", 0)} / {num(soft, "temp_mb", 0)} | '
+            f'{" / ".join(ratios) or "–"} |')
   table = '\n'.join(lines)
   print(table)
   flag_text = ' '.join(f'--{f.name}={",".join(f.value) if isinstance(f.value, list) else f.value}'
                        for f in (_LENGTHS, _DTYPES, _BATCH, _HEADS, _HEAD_DIM, _FEATURES,
-                                 _SOFTMAX_MAX, _REPEATS))
+                                 _SOFTMAX_MAX, _REPEATS, _MAPS, _IMPLS, _CHUNK, _LEARNED))
   record = {'benchmark': 'attention', 'command': f'python -m benchmarks.attention {flag_text}',
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': provenance.git_commit(), 'machine': provenance.machine(), 'rows': rows}
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, 'attention')
-  with open(stem + '.json', 'w') as f:
-    json.dump(record, f, indent=1)
-  with open(stem + '.md', 'w') as f:
-    f.write(f"# Linear vs softmax attention\n\nCommand: `{record['command']}`  \n"
-            f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
-            f"Machine: {json.dumps(record['machine'])}  \n"
-            f'B={_BATCH.value}, H={_HEADS.value}, D={_HEAD_DIM.value}, '
-            f'M={_FEATURES.value} FAVOR+ features\n\n{table}\n')
+  provenance.write_json_atomic(stem + '.json', record, indent=1)
+  provenance.write_atomic(
+      stem + '.md',
+      f"# Kernel attention vs softmax attention\n\nCommand: `{record['command']}`  \n"
+      f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
+      f"Machine: {json.dumps(record['machine'])}  \n"
+      f'B={_BATCH.value}, H={_HEADS.value}, D={_HEAD_DIM.value}, M={_FEATURES.value}; '
+      f'learned ÷ vanilla: materialized / fused\n\n{table}\n')
 
 
 if __name__ == '__main__':
