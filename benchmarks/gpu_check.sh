@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One prepared check for the GPU machine (H200 image: Python 3.12, jax 0.11.2, flax,
+# optax, chex, orbax preinstalled; no network). Under 6 minutes; JSON/markdown under $OUT.
+#
+#   From the device tool, with the missing wheels carried in .whl (see below):
+#     bash benchmarks/gpu_check.sh
+#   Locally, tiny sizes, to check the script itself:
+#     GPU_CHECK_SMOKE=1 OUT=/tmp/gpu_check bash benchmarks/gpu_check.sh
+#
+# Wheels the image lacks (tokenizers, ml-collections, tensorboardX, pytest, ...) travel
+# in .whl/ (ignored by git; fetched here with `pip download --python-version 3.12
+# --platform manylinux... --only-binary=:all: --no-deps`); they are installed into
+# /tmp/site without touching the image's jax.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=.:${PYTHONPATH:-}
+{
+  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
+  $PY -c "import jax; print('jax', jax.__version__, jax.devices())"
+} 2>&1 | tee "$OUT/machine.txt"
+
+if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
+  LENGTHS=256,1024; SOFTMAX_MAX=1024; CHUNK=256; REPEATS=1
+  PA_ARGS="--n=64,256 --num_features=64 --lengths=32 --repeats=1"
+  TESTS="tests/test_attention.py"
+else
+  LENGTHS=1024,4096,16384,65536,262144; SOFTMAX_MAX=65536; CHUNK=4096; REPEATS=10
+  PA_ARGS="--repeats=10"
+  TESTS="tests/test_attention.py tests/test_models.py tests/test_training.py tests/test_langevin.py"
+fi
+
+status=0
+# 1. The numerics on the GPU backend (data-dependent tests skip: ../shared does not travel).
+timeout 150 $PY -m pytest -q -x -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/pytest.txt" || status=1
+# 2. Kernel attention vs cuDNN/XLA softmax attention, bf16 then float32, fused vs materialized.
+timeout 150 $PY -m benchmarks.attention --out="$OUT" --lengths=$LENGTHS \
+    --softmax_max_len=$SOFTMAX_MAX --chunk_size=$CHUNK --repeats=$REPEATS \
+    --dtypes=bfloat16,float32 2>&1 | tail -n 30 || status=1
+# 3. Phase A cost against Phase B.
+timeout 90 $PY -m benchmarks.phase_a --out="$OUT" $PA_ARGS 2>&1 | tail -n 20 || status=1
+ls -l "$OUT"
+exit $status

@@ -1,0 +1,160 @@
+r"""What Phase A costs: H + ∇H per step vs n and N, and Phase A against Phase B.
+
+  python -m benchmarks.phase_a --out=benchmarks/results
+  python -m benchmarks.phase_a --runs=workdir/grid      # also the measured shares of real runs
+
+Three tables (median of repeated calls after one warm-up, ``block_until_ready``):
+
+1. ``objective``: one jitted H + ∇H of one head's Phase A objective
+   (``hamiltonian.hamiltonian_terms``: alignment of the feature map of n pooled
+   representations ``[n, D_h]`` + λ·Riesz energy of N particles), vs n and N.
+2. ``steps``: one Phase A step (``training.make_phase_a_step``: a forward pass
+   for the pooled keys, H + ∇H, the Langevin move) and one Phase B step
+   (forward + backward + AdamW) of the paper-sized encoder (2 layers, width 128,
+   2 heads, FFN 256, 256 features per head), batch 64, vs the padded length L.
+   ``share`` = e_A·t_A / (e_A·t_A + e_B·t_B): Phase A's fraction of the training
+   time for e_A, e_B epochs of the same number of steps (the paper: 10 and 10).
+3. ``runs`` (with ``--runs``): the measured ``phase_a_seconds`` and
+   ``phase_b_seconds`` of finished ``experiments.train`` runs.
+
+Writes ``phase_a.json`` and ``phase_a.md``.
+"""
+
+import datetime
+import glob
+import json
+import os
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.timing import median_seconds
+from coulomb_jax import hamiltonian
+from coulomb_jax import models
+from coulomb_jax import training
+from experiments import provenance
+
+_OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
+_NS = flags.DEFINE_list('n', ['64', '256', '1024', '4096'], 'Rows n of the objective.')
+_MS = flags.DEFINE_list('num_features', ['64', '256', '1024'], 'Particles N per head.')
+_LENGTHS = flags.DEFINE_list('lengths', ['32', '64', '128'], 'Padded lengths L of the steps.')
+_MAP = flags.DEFINE_string('feature_map', 'favor', 'Feature map.')
+_EPOCHS = flags.DEFINE_string('epochs', '10,10:1,2:2,5',
+                              'Phase A,B epoch pairs (colon-separated) for the share column.')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per case (median reported).')
+_RUNS = flags.DEFINE_string('runs', '', 'Root of experiments.train runs (optional).')
+
+
+def objective_rows():
+  rows = []
+  key = jax.random.key(0)
+  for num in map(int, _MS.value):
+    for n in map(int, _NS.value):
+      omega = 0.2 * jax.random.normal(jax.random.fold_in(key, num), (num, 64))
+      x = 0.3 * jax.random.normal(jax.random.fold_in(key, n), (n, 64))
+      y = jnp.sign(jax.random.normal(jax.random.fold_in(key, 7), (n,)))
+      fn = jax.jit(jax.value_and_grad(lambda o, x, y: hamiltonian.hamiltonian(
+          o, x, y, feature_map=_MAP.value, lam=1e-3)))
+      rows.append({'n': n, 'N': num, 'ms': 1e3 * median_seconds(fn, omega, x, y,
+                                                               repeats=_REPEATS.value)})
+      print(json.dumps(rows[-1]), flush=True)
+  return rows
+
+
+def step_rows():
+  model = models.EncoderClassifier(vocab_size=16384, feature_map=_MAP.value)
+  rows = []
+  for length in map(int, _LENGTHS.value):
+    rng = np.random.default_rng(length)
+    lengths = rng.integers(length // 2, length + 1, 64)
+    mask = np.arange(length)[None] < lengths[:, None]
+    ids = np.where(mask, rng.integers(5, 16384, (64, length)), 0).astype(np.int32)
+    batch = {'ids': ids, 'segments': np.zeros_like(ids), 'mask': mask,
+             'labels': rng.integers(0, 2, 64).astype(np.int32),
+             'weights': np.ones(64, np.float32)}
+    params = model.init(jax.random.key(0), ids, batch['segments'], mask)['params']
+    opt_a = training.phase_a_optimizer(jax.random.PRNGKey(0), step_size=2e-3, beta=50.0,
+                                       radius=1.5, clip_norm=10.0)
+    opt_b = training.phase_b_optimizer(learning_rate=2e-4, warmup_steps=10, total_steps=100,
+                                       weight_decay=1e-4, clip_norm=1.0)
+    step_a = jax.jit(training.make_phase_a_step(model, opt_a, feature_map=_MAP.value,
+                                                lam=1e-3, s='coulomb', softening=0.5))
+    step_b = jax.jit(training.make_phase_b_step(model, opt_b))
+    zero = jnp.zeros([], jnp.int32)
+    state_a = training.TrainState(zero, params, opt_a.init(params))
+    state_b = training.TrainState(zero, params, opt_b.init(params))
+    t_a = median_seconds(step_a, state_a, batch, repeats=_REPEATS.value)
+    t_b = median_seconds(lambda s, b: step_b(jax.random.key(1), s, b), state_b, batch,
+                         repeats=_REPEATS.value)
+    row = {'L': length, 'phase_a_ms': 1e3 * t_a, 'phase_b_ms': 1e3 * t_b}
+    for pair in _EPOCHS.value.split(':'):
+      e_a, e_b = map(int, pair.split(','))
+      row[f'share_{e_a}_{e_b}'] = e_a * t_a / (e_a * t_a + e_b * t_b)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  return rows
+
+
+def run_rows(root):
+  rows = []
+  for path in sorted(glob.glob(os.path.join(root, '*', '*', 'seed*', 'results.json'))):
+    with open(path) as f:
+      r = json.load(f)
+    if r.get('phase_a_steps'):
+      total = r['phase_a_seconds'] + r['phase_b_seconds']
+      rows.append({'dataset': r['dataset'], 'variant': r['variant'], 'seed': r['seed'],
+                   'phase_a_epochs': r['config']['phase_a']['num_epochs'],
+                   'phase_b_epochs': r['config']['phase_b']['num_epochs'],
+                   'phase_a_seconds': r['phase_a_seconds'],
+                   'phase_b_seconds': r['phase_b_seconds'],
+                   'share': r['phase_a_seconds'] / total, 'commit': r['commit']})
+  return rows
+
+
+def main(argv):
+  del argv
+  objective, steps = objective_rows(), step_rows()
+  runs = run_rows(_RUNS.value) if _RUNS.value else []
+  lines = ['## H + ∇H of one head (ms)', '', '| N \\ n | ' + ' | '.join(_NS.value) + ' |',
+           '|---|' + '---|' * len(_NS.value)]
+  for num in map(int, _MS.value):
+    cells = [f"{r['ms']:.2f}" for r in objective if r['N'] == num]
+    lines.append(f'| {num} | ' + ' | '.join(cells) + ' |')
+  pairs = [tuple(map(int, p.split(','))) for p in _EPOCHS.value.split(':')]
+  lines += ['', '## One step of the paper-sized encoder, batch 64 (ms)', '',
+            '| L | Phase A step | Phase B step | A ÷ B | ' +
+            ' | '.join(f'A share ({a} A + {b} B epochs)' for a, b in pairs) + ' |',
+            '|---|---|---|---|' + '---|' * len(pairs)]
+  for r in steps:
+    shares = ' | '.join(f"{100 * r[f'share_{a}_{b}']:.1f}%" for a, b in pairs)
+    lines.append(f"| {r['L']} | {r['phase_a_ms']:.1f} | {r['phase_b_ms']:.1f} | "
+                 f"{r['phase_a_ms'] / r['phase_b_ms']:.3f} | {shares} |")
+  if runs:
+    lines += ['', '## Measured in experiments.train runs', '',
+              '| dataset | variant | seed | epochs A / B | Phase A (s) | Phase B (s) | A share |',
+              '|---|---|---|---|---|---|---|']
+    for r in runs:
+      lines.append(f"| {r['dataset']} | {r['variant']} | {r['seed']} | "
+                   f"{r['phase_a_epochs']} / {r['phase_b_epochs']} | {r['phase_a_seconds']:.0f} | "
+                   f"{r['phase_b_seconds']:.0f} | {100 * r['share']:.1f}% |")
+  table = '\n'.join(lines)
+  print(table)
+  flag_text = ' '.join(f'--{f.name}={",".join(f.value) if isinstance(f.value, list) else f.value}'
+                       for f in (_NS, _MS, _LENGTHS, _MAP, _EPOCHS, _REPEATS, _RUNS))
+  record = {'benchmark': 'phase_a', 'command': f'python -m benchmarks.phase_a {flag_text}',
+            'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+            'commit': provenance.git_commit(), 'machine': provenance.machine(),
+            'objective': objective, 'steps': steps, 'runs': runs}
+  os.makedirs(_OUT.value, exist_ok=True)
+  stem = os.path.join(_OUT.value, 'phase_a')
+  provenance.write_json_atomic(stem + '.json', record, indent=1)
+  provenance.write_atomic(stem + '.md', f"# Phase A cost\n\nCommand: `{record['command']}`  \n"
+                          f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
+                          f"Machine: {json.dumps(record['machine'])}\n\n{table}\n")
+
+
+if __name__ == '__main__':
+  app.run(main)
