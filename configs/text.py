@@ -18,7 +18,11 @@ from coulomb_jax import features
 # The seven attention feature maps of the paper; each is a Vanilla-X and a Kernel-X variant.
 MAPS = tuple(m for m in features.ATTENTION_FEATURE_MAPS)
 BASELINES = ('softmax', 'performer', 'linformer')
-VARIANTS = tuple(f'{kind}-{m}' for kind in ('vanilla', 'kernel') for m in MAPS) + BASELINES
+# Controls: 'ball-<map>' = Vanilla-X with its random particles projected onto the ball of
+# radius phase_a.radius and no Phase A: separates the projection from the dynamics.
+CONTROLS = tuple(f'ball-{m}' for m in MAPS)
+VARIANTS = (tuple(f'{kind}-{m}' for kind in ('vanilla', 'kernel') for m in MAPS) + BASELINES
+            + CONTROLS)
 MODIFIERS = ('quick',)
 
 
@@ -87,6 +91,8 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.model.dropout_rate = 0.1
   # Linformer's projected length P (Linformer only).
   config.model.linformer_length = 64
+  # Project the initial particles onto the ball of this radius (0 = no; the ball-X controls).
+  config.model.init_radius = 0.0
   # Kernel attention in chunks of this many tokens without storing the [B, L, H, M]
   # features (attention.fused_linear_attention); 0 = the materialised path.
   config.model.chunk_size = 0
@@ -138,9 +144,11 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.run.checkpoint_every = 200
 
   kind, _, fmap = name.partition('-')
-  if kind in ('vanilla', 'kernel'):
+  if kind in ('vanilla', 'kernel', 'ball'):
     config.model.feature_map = fmap
     config.phase_a.enabled = kind == 'kernel'
+    if kind == 'ball':
+      config.model.init_radius = config.phase_a.radius
   elif name == 'performer':
     # FAVOR+ with W_q/W_k and fixed orthogonal features (Choromanski et al. 2020).
     config.model.feature_map = 'favor'

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from coulomb_jax import attention
 from coulomb_jax import features
+from coulomb_jax import langevin
 
 QK_MODES = ('shared', 'projected')
 ATTENTION_KINDS = ('kernel', 'softmax', 'linformer')
@@ -43,12 +44,19 @@ def masked_mean(x: jax.Array, mask: Optional[jax.Array], axis: int = 1) -> jax.A
   return total / count
 
 
-def init_particles(key, shape, dtype=jnp.float32, *, orthogonal=False):
-  """``[H, M, D_h]`` particles: N(0, I) rows, or block-orthogonal ones per head."""
+def init_particles(key, shape, dtype=jnp.float32, *, orthogonal=False, radius=None):
+  """``[H, M, D_h]`` particles: N(0, I) rows, or block-orthogonal ones per head.
+
+  ``radius``: if set, each row is projected onto the ball ‖ω‖ ≤ radius (the
+  control that separates Phase A's projection from its dynamics).
+  """
   heads, num, dim = shape
   sample = features.sample_orthogonal if orthogonal else features.sample_gaussian
   keys = jax.random.split(key, heads)
-  return jax.vmap(lambda k: sample(k, num, dim, dtype))(keys)
+  omega = jax.vmap(lambda k: sample(k, num, dim, dtype))(keys)
+  if radius is not None:
+    omega = langevin.project_to_ball(omega, radius)
+  return omega
 
 
 class KernelAttention(nn.Module):
@@ -61,6 +69,7 @@ class KernelAttention(nn.Module):
     num_features: M particles per head.
     qk_mode: ``"shared"`` (Q = K = x, no W_q/W_k) or ``"projected"``.
     orthogonal: draw the initial particles with ``features.sample_orthogonal``.
+    init_radius: project the initial particles onto the ball of this radius.
     causal: use ``attention.causal_linear_attention``.
     chunk_size: if set (bidirectional only), ``attention.fused_linear_attention``
       with chunks of this many tokens: the ``[B, L, H, M]`` features are never
@@ -73,6 +82,7 @@ class KernelAttention(nn.Module):
   orthogonal: bool = False
   causal: bool = False
   chunk_size: Optional[int] = None
+  init_radius: Optional[float] = None
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
@@ -88,7 +98,8 @@ class KernelAttention(nn.Module):
       raise ValueError(f'input width {width} is not divisible by num_heads={self.num_heads}.')
     head_dim = width // self.num_heads
     particles = self.param(
-        'particles', functools.partial(init_particles, orthogonal=self.orthogonal),
+        'particles', functools.partial(init_particles, orthogonal=self.orthogonal,
+                                       radius=self.init_radius),
         (self.num_heads, self.num_features, head_dim))
     dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, head_dim))
     if self.qk_mode == 'shared':
@@ -204,6 +215,7 @@ class EncoderClassifier(nn.Module):
   orthogonal: bool = False
   linformer_length: int = 64
   chunk_size: Optional[int] = None
+  init_radius: Optional[float] = None
 
   def _attention(self, index):
     name = f'attention_{index}'
@@ -211,7 +223,7 @@ class EncoderClassifier(nn.Module):
       return KernelAttention(num_heads=self.num_heads, feature_map=self.feature_map,
                              num_features=self.num_features, qk_mode=self.qk_mode,
                              orthogonal=self.orthogonal, chunk_size=self.chunk_size,
-                             name=name)
+                             init_radius=self.init_radius, name=name)
     if self.attention == 'softmax':
       return SoftmaxAttention(num_heads=self.num_heads, name=name)
     if self.attention == 'linformer':

@@ -111,6 +111,7 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
     if value % num_devices:
       fail(field, value, f'a multiple of the device count {num_devices}')
   positive_int('model.chunk_size', m.chunk_size, 0)
+  positive('model.init_radius', m.init_radius, allow_zero=True)
   positive_int('run.log_every', r.log_every)
   positive_int('run.checkpoint_every', r.checkpoint_every, 0)
   positive_int('seed', config.seed, 0)
@@ -185,7 +186,8 @@ def make_model(config, vocab_size) -> models.EncoderClassifier:
       num_layers=m.num_layers, num_heads=m.num_heads, ffn_dim=m.ffn_dim,
       dropout_rate=m.dropout_rate, attention=m.attention, feature_map=m.feature_map,
       num_features=m.num_features, qk_mode=m.qk_mode, orthogonal=m.orthogonal,
-      linformer_length=m.linformer_length, chunk_size=m.chunk_size or None)
+      linformer_length=m.linformer_length, chunk_size=m.chunk_size or None,
+      init_radius=m.init_radius or None)
 
 
 def evaluate(predict, params, encoded, batch_size, sharder, config):

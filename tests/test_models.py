@@ -164,3 +164,12 @@ def test_chunked_module_equals_the_materialised_one(name):
   keep = mask[..., None]
   np.testing.assert_allclose(jnp.where(keep, fused.apply(params, x, mask), 0),
                              jnp.where(keep, plain.apply(params, x, mask), 0), atol=1e-5)
+
+
+def test_init_radius_projects_the_initial_particles():
+  x = _x()
+  params = models.KernelAttention(num_heads=H, num_features=M, init_radius=1.5).init(
+      jax.random.key(0), x)['params']
+  norms = jnp.linalg.norm(params['particles'], axis=-1)
+  assert float(jnp.max(norms)) <= 1.5 + 1e-5
+  assert float(jnp.mean(norms > 1.499)) > 0.5       # most N(0, I) rows in 4-d lie outside
