@@ -12,7 +12,7 @@ WORKDIR ?= workdir/quick
 $(STAMP): setup.py
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[test,experiments]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[test,experiments,tfds]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -33,6 +33,9 @@ setuptools.setup(
         # for TensorBoard scalars without tensorflow.
         'experiments': ['scikit-learn>=1.3', 'matplotlib>=3.7', 'scipy>=1.10',
                         'orbax-checkpoint>=0.11', 'tensorboardX>=2.6'],
+        # coulomb_jax.tfds_builders / data.load_split(source='tfds'): tfds without tensorflow
+        # (array_record files); tfds 4.9.10 imports importlib_resources without declaring it.
+        'tfds': ['tensorflow-datasets>=4.9.10', 'importlib_resources', 'array_record>=0.5'],
         # nbclient/nbformat/ipykernel execute the Colab notebooks in the test suite.
         'test': ['pytest>=8', 'hypothesis>=6', 'nbclient>=0.9', 'nbformat>=5.9',
                  'ipykernel>=6.25'],

@@ -30,9 +30,18 @@ paths are relative to ``data_dir``, see the data README for the files):
 QQP fields are parsed with ``csv`` (tab, default quoting: a quoted field with
 doubled inner quotes reads as the plain text); each record must be one line
 with the expected number of fields.
+
+Sources: the local files above (``source='files'``, the default, works offline) or,
+with ``load_split(..., source='tfds')``, tensorflow_datasets copies read through
+``tfds.data_source`` (array_record; tensorflow is not needed): ``glue/sst2``,
+``glue/qqp`` and the project builder ``coulomb_rotten_tomatoes``
+(``coulomb_jax.tfds_builders``, built from the MR files in a manual dir).
+tensorflow_datasets is imported only then; nothing is downloaded unless
+``download=True``.
 """
 
 import csv
+import importlib
 import os
 import tempfile
 from typing import Iterable, Iterator, NamedTuple, Optional
@@ -45,6 +54,7 @@ from coulomb_jax import _checks
 
 TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset', 'qqp')
 SPLITS = ('train', 'validation', 'test')
+SOURCES = ('files', 'tfds')
 
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 """Ids 0..4 of a trained tokenizer; ``[PAD]`` is id 0 for every tokenizer here."""
@@ -140,10 +150,20 @@ def _read_qqp_glue(path: str) -> Examples:
 
 
 def _read_rotten_tomatoes(data_dir: str, split: str) -> Examples:
-  """The Hugging Face ``rotten_tomatoes`` split of the MR files."""
+  """The Hugging Face ``rotten_tomatoes`` split of ``data_dir/rotten_tomatoes/``."""
+  return read_rotten_tomatoes_files(os.path.join(data_dir, 'rotten_tomatoes'), split)
+
+
+def read_rotten_tomatoes_files(directory: str, split: str) -> Examples:
+  """The Hugging Face ``rotten_tomatoes`` split of ``directory/rt-polarity.{pos,neg}``.
+
+  Also what the tfds builder ``coulomb_rotten_tomatoes`` writes (from its manual dir).
+  """
+  if split not in SPLITS:
+    raise ValueError(f'split must be one of {SPLITS}, got {split!r}.')
   per_class = []
   for name in ('rt-polarity.pos', 'rt-polarity.neg'):
-    path = os.path.join(data_dir, 'rotten_tomatoes', name)
+    path = os.path.join(directory, name)
     _require_file(path, ' Expected the MR sentence-polarity files rt-polarity.{pos,neg}.')
     with open(path, encoding='latin-1') as f:
       lines = [line.strip() for line in f.readlines()]
@@ -168,32 +188,76 @@ _FILES = {  # task → (file of train+validation, file of test, reader)
 }
 
 
+def _import_tfds_builders():
+  """``coulomb_jax.tfds_builders``, imported only for ``source='tfds'``."""
+  try:
+    return importlib.import_module('coulomb_jax.tfds_builders')
+  except ImportError as e:
+    raise ImportError(
+        "source='tfds' needs tensorflow-datasets (tensorflow is not needed): pip install "
+        f"tensorflow-datasets importlib_resources array_record ({e}).") from e
+
+
 def load_split(task: str, data_dir: str, split: str, *, validation_size: int = 1000,
-               validation_seed: int = 0) -> Examples:
+               validation_seed: int = 0, source: str = 'files',
+               tfds_data_dir: Optional[str] = None, download: bool = False) -> Examples:
   """One split of a task (see the module docstring); examples keep file order.
 
   For sst2, qqp_subset and qqp, 'validation' is rows ``perm[:validation_size]`` of
   the training file and 'train' the rows ``perm[validation_size:]``, with
   ``perm = np.random.default_rng(validation_seed).permutation(num_rows)``; both
   are disjoint and sorted back into file order.
+
+  ``source='files'`` (the default) reads the local files under ``data_dir``.
+  ``source='tfds'`` reads a tensorflow_datasets copy in ``tfds_data_dir`` (tfds'
+  default when None) through ``tfds.data_source`` (array_record; no tensorflow):
+  sst2 and qqp are ``glue/sst2`` and ``glue/qqp`` ('test' is tfds 'validation', i.e.
+  GLUE dev; 'train'/'validation' are carved from tfds 'train' as above, in file
+  order by its ``idx``), rotten_tomatoes is the project builder
+  ``coulomb_rotten_tomatoes`` (``coulomb_jax.tfds_builders``), qqp_subset has no
+  tfds copy. With ``download=False`` (the default) nothing is downloaded or built:
+  a copy that is not prepared raises FileNotFoundError. ``download=True`` prepares
+  it first (GLUE from the network; rotten_tomatoes from ``data_dir/rotten_tomatoes``,
+  the manual dir, without network).
   """
   if task not in TASKS:
     raise ValueError(f'task must be one of {TASKS}, got {task!r}.')
   if split not in SPLITS:
     raise ValueError(f'split must be one of {SPLITS}, got {split!r}.')
+  if source not in SOURCES:
+    raise ValueError(f'source must be one of {SOURCES}, got {source!r}.')
+  if source == 'tfds' and task == 'qqp_subset':
+    raise ValueError("task 'qqp_subset' has no tfds copy; use source='files'.")
+  if not isinstance(download, bool):
+    raise TypeError(f'download must be a bool, got {download!r}.')
   validation_size = _checks.check_int('validation_size', validation_size, 0)
   validation_seed = _checks.check_int('validation_seed', validation_seed, 0)
-  if task == 'rotten_tomatoes':
-    return _read_rotten_tomatoes(data_dir, split)
-  train_file, test_file, read = _FILES[task]
-  if split == 'test':
-    return read(os.path.join(data_dir, test_file))
-  path = os.path.join(data_dir, train_file)
-  examples = read(path)
+  if source == 'tfds':
+    builders = _import_tfds_builders()
+    manual_dir = os.path.join(data_dir, 'rotten_tomatoes') if data_dir else None
+
+    def read(part):  # part: 'train' (train + validation) or 'test'.
+      return builders.read_examples(task, part, data_dir=tfds_data_dir, download=download,
+                                    manual_dir=manual_dir)
+
+    if task == 'rotten_tomatoes':
+      return read(split)
+    if split == 'test':
+      return read('test')
+    where = f"tfds {builders.TFDS_NAMES[task]} 'train'"
+    examples = read('train')
+  else:
+    if task == 'rotten_tomatoes':
+      return _read_rotten_tomatoes(data_dir, split)
+    train_file, test_file, read_file = _FILES[task]
+    if split == 'test':
+      return read_file(os.path.join(data_dir, test_file))
+    where = os.path.join(data_dir, train_file)
+    examples = read_file(where)
   n = len(examples.labels)
   if validation_size >= n:
     raise ValueError(
-        f'validation_size must be < the {n} rows of {path}, got {validation_size}.')
+        f'validation_size must be < the {n} rows of {where}, got {validation_size}.')
   perm = np.random.default_rng(validation_seed).permutation(n)
   index = perm[:validation_size] if split == 'validation' else perm[validation_size:]
   return _take(examples, np.sort(index))
