@@ -22,7 +22,7 @@ values differ, and ``learned_over_vanilla`` is the measured time ratio.
 Memory: ``temp_mb`` is XLA's compiled temporary-buffer size of the
 forward+backward (``memory_analysis``, any backend: it is what grows with L
 beyond inputs and outputs), ``peak_mb`` the device's peak where the backend
-exposes it (GPU), else null. Shapes B × L × H × D (defaults B = 4, H = 8,
+exposes it (GPU; cumulative over the process, so it never decreases), else null. Shapes B × L × H × D (defaults B = 4, H = 8,
 D = 64, M = 256). Writes ``attention.json`` and ``attention.md``.
 """
 
@@ -65,7 +65,7 @@ def materialized(feature_map, omega, q, k, v):
   per_head = lambda f, a: jax.vmap(f, in_axes=(2, 0), out_axes=2)(a * scale, omega)
   if feature_map == 'favor':
     qf = per_head(functools.partial(features.favor, stabilize=True), q)
-    kf = per_head(functools.partial(features.favor, stabilize=(-3, -1)), k)
+    kf = per_head(functools.partial(features.favor, stabilize=(-2, -1)), k)  # per (b, h)
   else:
     fm = features.get_feature_map(feature_map)
     qf, kf = per_head(fm, q), per_head(fm, k)

@@ -118,7 +118,9 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.phase_a.batch_size = 64
   # Epochs at most (the paper: 10).
   config.phase_a.num_epochs = 10
-  # Stop when the largest particle move of a step is below this (the paper: 1e-6).
+  # Stop when the largest particle move of a step is below this (the paper: 1e-6). The move
+  # includes the Langevin noise, about sqrt(2η/β)·sqrt(D_h) ≈ 0.07 at the paper's settings,
+  # so at β = 50 this never fires and Phase A runs num_epochs.
   config.phase_a.tolerance = 1e-6
 
   config.phase_b = ml_collections.ConfigDict()
@@ -148,7 +150,8 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
     config.model.feature_map = fmap
     config.phase_a.enabled = kind == 'kernel'
     if kind == 'ball':
-      config.model.init_radius = config.phase_a.radius
+      # A reference: --config.phase_a.radius=... moves the control's ball too.
+      config.model.init_radius = config.phase_a.get_ref('radius')
   elif name == 'performer':
     # FAVOR+ with W_q/W_k and fixed orthogonal features (Choromanski et al. 2020).
     config.model.feature_map = 'favor'

@@ -34,14 +34,15 @@ ATTENTION_KINDS = ('kernel', 'softmax', 'linformer')
 def masked_mean(x: jax.Array, mask: Optional[jax.Array], axis: int = 1) -> jax.Array:
   """Mean of ``x: [B, L, ...]`` over real tokens (``mask: [B, L]``); 0 for empty rows.
 
-  The count is guarded (max(count, 1)), so fully padded rows give zeros, not NaN.
+  Accumulated in (at least) float32, returned in ``x``'s dtype. The count is guarded (max(count, 1)), so fully padded rows give zeros, not NaN.
   """
+  dtype = jnp.promote_types(x.dtype, jnp.float32)        # bf16 sums and counts are inexact
   if mask is None:
-    return jnp.mean(x, axis=axis)
-  m = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim)).astype(x.dtype)
-  total = jnp.sum(x * m, axis=axis)
+    return jnp.mean(x.astype(dtype), axis=axis).astype(x.dtype)
+  m = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim)).astype(dtype)
+  total = jnp.sum(x.astype(dtype) * m, axis=axis)
   count = jnp.maximum(jnp.sum(m, axis=axis), 1.0)
-  return total / count
+  return (total / count).astype(x.dtype)
 
 
 def init_particles(key, shape, dtype=jnp.float32, *, orthogonal=False, radius=None):

@@ -75,7 +75,13 @@ def load_runs(runs_dir: str):
       dirs[:] = []                             # a run folder: skip its checkpoints
     if RESULTS in files:
       with open(os.path.join(root, RESULTS)) as f:
-        finished.append(dict(json.load(f), path=path))
+        r = json.load(f)
+      data_cfg = r.get('config', {}).get('data', {})
+      if data_cfg.get('max_train_examples') or data_cfg.get('max_eval_examples'):
+        raise ValueError(f'{os.path.join(root, RESULTS)} was trained or evaluated on a subset '
+                         f'(data.max_train_examples / max_eval_examples); the tables are for '
+                         f'full splits only: pass a --runs folder without smoke runs.')
+      finished.append(dict(r, path=path))
     elif 'config.json' in files:
       with open(os.path.join(root, 'config.json')) as f:
         config = json.load(f)

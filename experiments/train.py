@@ -119,22 +119,23 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
 
 # ----------------------------------------------------------------------------- data
 
+def _subset(examples, size):
+  """A fixed random ``size`` rows in file order (files can be sorted by label, e.g. MR)."""
+  keep = np.sort(np.random.default_rng(0).permutation(len(examples.labels))[:size])
+  pick = lambda texts: None if texts is None else [texts[i] for i in keep]
+  return data.Examples(pick(examples.text_a), pick(examples.text_b), examples.labels[keep])
+
+
 def load_data(config, workdir):
   """Returns ``({'train', 'validation', 'test'}: data.Encoded, vocab_size)``."""
   d = config.data
   splits = {s: data.load_split(d.task, d.data_dir, s, validation_size=d.validation_size)
             for s in ('train', 'validation', 'test')}
-  if d.max_train_examples:
-    # A fixed random subset (files can be sorted by label, e.g. Rotten Tomatoes).
-    tr = splits['train']
-    keep = np.sort(np.random.default_rng(0).permutation(len(tr.labels))[:d.max_train_examples])
-    pick = lambda texts: None if texts is None else [texts[i] for i in keep]
-    splits['train'] = data.Examples(pick(tr.text_a), pick(tr.text_b), tr.labels[keep])
-  if d.max_eval_examples:
-    for s in ('validation', 'test'):
-      ex, k = splits[s], d.max_eval_examples
-      splits[s] = data.Examples(ex.text_a[:k], None if ex.text_b is None else ex.text_b[:k],
-                                ex.labels[:k])
+  for names, limit in ((('train',), d.max_train_examples),
+                       (('validation', 'test'), d.max_eval_examples)):
+    for name in names:
+      if limit:
+        splits[name] = _subset(splits[name], limit)
   tok_path = os.path.join(workdir, 'tokenizer.json')
   if d.vocab_file:
     tok = data.load_vocab_tokenizer(d.vocab_file)
@@ -160,10 +161,8 @@ class Sharder:
     self.replicated = NamedSharding(self.mesh, P())
 
   def batch(self, batch):
-    def put(x):
-      per_host = x.shape[0] // jax.process_count()
-      local = x[jax.process_index() * per_host:(jax.process_index() + 1) * per_host]
-      return jax.make_array_from_process_local_data(self.rows, local, x.shape)
+    """Every host holds the whole global batch; each device takes its rows of it."""
+    put = lambda x: jax.make_array_from_callback(x.shape, self.rows, lambda index: x[index])
     return {k: put(v) for k, v in batch.items()}
 
   def replicate(self, tree):
@@ -201,8 +200,9 @@ def evaluate(predict, params, encoded, batch_size, sharder, config):
 
 
 def _better(new, best_accuracy, best_log_loss):
-  return (new['accuracy'] > best_accuracy or
-          (new['accuracy'] == best_accuracy and new['log_loss'] < best_log_loss))
+  """Higher accuracy, ties broken by lower log loss; compared as the stored float32."""
+  acc, loss = np.float32(new['accuracy']), np.float32(new['log_loss'])
+  return bool(acc > best_accuracy or (acc == best_accuracy and loss < best_log_loss))
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -299,6 +299,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   n_train = len(encoded['train'].labels)
   spe_a = data.num_batches(n_train, a.batch_size, drop_remainder=True)
   spe_b = data.num_batches(n_train, b.batch_size, drop_remainder=True)
+  for field, value, steps in (('phase_b.batch_size', b.batch_size, spe_b),
+                              ('phase_a.batch_size', a.batch_size, spe_a if a.enabled else 1)):
+    if not steps:
+      raise ValueError(f'config.{field}: {value} exceeds the {n_train} training rows.')
+  if a.enabled and not a.num_epochs:
+    raise ValueError('config.phase_a.num_epochs: 0 with phase_a.enabled=True would train a '
+                     'Vanilla model under a Kernel name; set phase_a.enabled=False.')
   total_a = spe_a * a.num_epochs if a.enabled else 0
   total_b = spe_b * b.num_epochs
   opt_a = training.phase_a_optimizer(langevin_key, step_size=a.step_size, beta=a.beta,
@@ -325,8 +332,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if int(ckpt['phase']) > 0 or int(ckpt['step_a']) or int(ckpt['step_b']):
     logging.info('Resumed from %s: phase %d, steps %d / %d.', manager.directory,
                  int(ckpt['phase']), int(ckpt['step_a']), int(ckpt['step_b']))
-  writer = _open_writer(workdir)
+  chief = jax.process_index() == 0
+  writer = _open_writer(workdir) if chief else None
   history_path = os.path.join(workdir, 'history.jsonl')
+  if chief and os.path.exists(history_path):
+    # Epochs evaluated after the restored checkpoint are evaluated again: drop them.
+    with open(history_path) as f:
+      kept = [line for line in f if json.loads(line)['step'] <= int(ckpt['step_b'])]
+    provenance.write_atomic(history_path, ''.join(kept))
   steps_this_call = 0
 
   def out_of_time():
@@ -359,18 +372,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         _log_scalars(writer, 'phase_a', m, t + 1)
       periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
       if done or (t + 1) % spe_a == 0 or periodic or out_of_time():
+        jax.block_until_ready(state)
         ckpt.update(params=state.params, opt_a=state.opt_state, step_a=state.step,
                     seconds_a=ckpt['seconds_a'] + f32(time.time() - tick))
-        tick = time.time()
         if done:
           ckpt.update(phase=i32(1), stopped_early_a=i32(t + 1 < total_a))
         save()
+        tick = time.time()
       if done:
         break
       if out_of_time():
         return None
     if total_a == 0:
       ckpt.update(phase=i32(1))
+    if out_of_time():
+      return None
 
   # ---- Phase B: particles frozen, everything else trained.
   if int(ckpt['phase']) == 1:
@@ -396,6 +412,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       end_of_epoch = (t + 1) % spe_b == 0
       periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
       if end_of_epoch or periodic or out_of_time():
+        jax.block_until_ready(state)
         ckpt.update(params=state.params, opt_b=state.opt_state, step_b=state.step,
                     seconds_b=ckpt['seconds_b'] + f32(time.time() - tick))
         if end_of_epoch:
@@ -403,9 +420,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                          config.run.eval_batch_size, sharder, config)
           logging.info('epoch %d validation: %s', epoch, json.dumps(val))
           _log_scalars(writer, 'validation', val, t + 1)
-          with open(history_path, 'a') as f:
-            f.write(json.dumps({'epoch': epoch, 'step': t + 1, 'validation': val}) + '\n')
-          if _better(val, float(ckpt['best_accuracy']), float(ckpt['best_log_loss'])):
+          if chief:
+            with open(history_path, 'a') as f:
+              f.write(json.dumps({'epoch': epoch, 'step': t + 1, 'validation': val}) + '\n')
+          if _better(val, np.float32(ckpt['best_accuracy']), np.float32(ckpt['best_log_loss'])):
             ckpt.update(best_params=state.params, best_accuracy=f32(val['accuracy']),
                         best_log_loss=f32(val['log_loss']), best_epoch=i32(epoch))
           if t + 1 == total_b:

@@ -163,3 +163,15 @@ def test_tfidf_on_rotten_tomatoes():
   assert set(r['test']) == set(report.METRICS)
   assert (r['dataset'], r['variant'], r['seed']) == ('rotten_tomatoes', 'tfidf_logreg', 0)
   assert r['commit'] == META['commit'] and r['train_seconds'] > 0
+
+
+def test_subset_runs_are_refused(tmp_path):
+  root = str(tmp_path / 'grid')
+  _write_run(root, 'rotten_tomatoes', 'kernel-favor', 0, 0.80)
+  path = os.path.join(root, 'rotten_tomatoes', 'kernel-favor', 'seed0', 'results.json')
+  with open(path) as f:
+    r = json.load(f)
+  r['config']['data']['max_train_examples'] = 64
+  provenance.write_json_atomic(path, r)
+  with pytest.raises(ValueError, match='subset'):
+    report.load_runs(root)
