@@ -114,6 +114,7 @@ def particles(key, learned):
 def main(argv):
   del argv
   key = jax.random.key(0)
+  os.makedirs(_OUT.value, exist_ok=True)
   sets = {'vanilla': particles(jax.random.fold_in(key, 1), False)}
   if _LEARNED.value:
     sets['learned'] = particles(jax.random.fold_in(key, 1), True)
@@ -136,14 +137,22 @@ def main(argv):
             bwd = jax.jit(jax.grad(lambda o, a, b, c, f=fn: jnp.sum(f(o, a, b, c).astype(
                 jnp.float32)), argnums=(1, 2, 3)))
             row = {'impl': impl, 'feature_map': fmap, 'particles': kind, 'dtype': dtype,
-                   'L': length,
-                   'forward_ms': 1e3 * median_seconds(fwd, omega, q, k, v,
-                                                      repeats=_REPEATS.value),
-                   'forward_backward_ms': 1e3 * median_seconds(bwd, omega, q, k, v,
-                                                               repeats=_REPEATS.value),
-                   'temp_mb': temp_mb(bwd, omega, q, k, v), 'peak_mb': peak_mb()}
+                   'L': length}
+            try:
+              row.update(
+                  forward_ms=1e3 * median_seconds(fwd, omega, q, k, v, repeats=_REPEATS.value),
+                  forward_backward_ms=1e3 * median_seconds(bwd, omega, q, k, v,
+                                                           repeats=_REPEATS.value),
+                  temp_mb=temp_mb(bwd, omega, q, k, v), peak_mb=peak_mb())
+            except Exception as e:  # pylint: disable=broad-except
+              # Out of memory at large L (softmax): keep the row, record why, go on.
+              row.update(forward_ms=None, forward_backward_ms=None, temp_mb=None,
+                         peak_mb=peak_mb(), error=f'{type(e).__name__}: {str(e)[:200]}')
             rows.append(row)
             print(json.dumps(row), flush=True)
+            # One line per case as it finishes, so a killed run keeps what it measured.
+            with open(os.path.join(_OUT.value, 'attention_rows.jsonl'), 'a') as f:
+              f.write(json.dumps(row) + '\n')
 
   index = {(r['impl'], r['feature_map'], r['particles'], r['dtype'], r['L']): r for r in rows}
   num = lambda r, f, p=2: '–' if r is None or r[f] is None else f'{r[f]:.{p}f}'
@@ -160,7 +169,7 @@ def main(argv):
         for impl in ('materialized', 'fused'):
           lr = index.get((impl, fmap, 'learned', dtype, length))
           va = index.get((impl, fmap, 'vanilla', dtype, length))
-          if lr and va:
+          if lr and va and lr['forward_backward_ms'] and va['forward_backward_ms']:
             ratios.append(f"{lr['forward_backward_ms'] / va['forward_backward_ms']:.3f}")
         lines.append(
             f'| {dtype} | {fmap} | {length} | {num(mat, "forward_ms")} / '
