@@ -149,6 +149,16 @@ def load_data(config, workdir):
   return encoded, tok.get_vocab_size()
 
 
+def _train_batches(encoded, batch_size, seed, step, steps_per_epoch, d):
+  """The shuffled batches of step's epoch, from step's position on (resume mid-epoch)."""
+  epoch, offset = divmod(step, steps_per_epoch)
+  it = data.batches(encoded, batch_size, seed=seed, epoch=epoch, pad_multiple=d.pad_multiple,
+                    bucket_size=d.bucket_size, drop_remainder=True)
+  for _ in range(offset):
+    next(it)
+  return it
+
+
 class Sharder:
   """Puts host batches on a 1-D ``data`` mesh (rows split, the rest replicated).
 
@@ -354,13 +364,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     start, tick = int(state.step), time.time()
     meter = _Throughput(start)
     for t in range(start, total_a):
-      epoch, offset = divmod(t, spe_a)
-      if t == start or offset == 0:
-        it = data.batches(encoded['train'], a.batch_size, seed=config.seed, epoch=epoch,
-                          pad_multiple=d.pad_multiple, bucket_size=d.bucket_size,
-                          drop_remainder=True)
-        for _ in range(offset):
-          next(it)
+      epoch = t // spe_a
+      if t == start or t % spe_a == 0:
+        it = _train_batches(encoded['train'], a.batch_size, config.seed, t, spe_a, d)
       state, m = step_a(state, sharder.batch(next(it)))
       steps_this_call += 1
       done = float(m['max_move']) < a.tolerance or t + 1 == total_a
@@ -394,13 +400,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     start, tick = int(state.step), time.time()
     meter = _Throughput(start)
     for t in range(start, total_b):
-      epoch, offset = divmod(t, spe_b)
-      if t == start or offset == 0:
-        it = data.batches(encoded['train'], b.batch_size, seed=config.seed + 1, epoch=epoch,
-                          pad_multiple=d.pad_multiple, bucket_size=d.bucket_size,
-                          drop_remainder=True)
-        for _ in range(offset):
-          next(it)
+      epoch = t // spe_b
+      if t == start or t % spe_b == 0:
+        it = _train_batches(encoded['train'], b.batch_size, config.seed + 1, t, spe_b, d)
       state, m = step_b(dropout_key, state, sharder.batch(next(it)))
       steps_this_call += 1
       if (t + 1) % config.run.log_every == 0:
