@@ -155,7 +155,7 @@ def make_phase_b_step(model: nn.Module, optimizer: optax.GradientTransformation)
     params = optax.apply_updates(state.params, updates)
     correct = (jnp.argmax(logits, -1) == batch['labels']) * batch['weights']
     metrics = {'loss': loss, 'accuracy': jnp.sum(correct) / jnp.maximum(
-        jnp.sum(batch['weights']), 1.0), 'grad_norm': optax.tree_utils.tree_l2_norm(grads)}
+        jnp.sum(batch['weights']), 1.0), 'grad_norm': optax.tree_utils.tree_norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return step
