@@ -93,7 +93,6 @@ def _tokens(lengths, length, key=3):
 
 ENCODERS = {
     'kernel-favor': dict(attention='kernel', feature_map='favor'),
-    'kernel-softmaxfeat': dict(attention='kernel', feature_map='softmaxfeat'),
     'performer': dict(attention='kernel', feature_map='favor', qk_mode='projected',
                       orthogonal=True),
     'softmax': dict(attention='softmax'),
