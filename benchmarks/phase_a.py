@@ -89,10 +89,27 @@ def step_rows():
     t_a = median_seconds(step_a, state_a, batch, repeats=_REPEATS.value)
     t_b = median_seconds(lambda s, b: step_b(jax.random.key(1), s, b), state_b, batch,
                          repeats=_REPEATS.value)
-    row = {'L': length, 'phase_a_ms': 1e3 * t_a, 'phase_b_ms': 1e3 * t_b}
+    # Layer-wise schedule: per layer, one forward pass for the cache (timed for the
+    # deepest layer, an upper bound) and e_A epochs of steps on cached [B, H, D_h] keys.
+    paths = training.attention_paths(params)
+    deepest = paths[-1]
+    cache = jax.jit(lambda p, b: training.phase_a_inputs(model, p, b)[deepest])
+    t_c = median_seconds(cache, params, batch, repeats=_REPEATS.value)
+    opt_l = training.phase_a_optimizer(jax.random.PRNGKey(0), step_size=2e-3, beta=50.0,
+                                       radius=1.5, clip_norm=10.0, only=deepest)
+    step_l = jax.jit(training.make_phase_a_layer_step(deepest, opt_l, feature_map=_MAP.value,
+                                                      lam=1e-3, s='coulomb', softening=0.5))
+    r = cache(params, batch)
+    t_l = median_seconds(step_l, training.TrainState(zero, params, opt_l.init(params)), r,
+                         batch['labels'], batch['weights'], repeats=_REPEATS.value)
+    row = {'L': length, 'phase_a_ms': 1e3 * t_a, 'phase_b_ms': 1e3 * t_b,
+           'layerwise_cache_ms': 1e3 * t_c, 'layerwise_step_ms': 1e3 * t_l,
+           'num_layers': len(paths)}
     for pair in _EPOCHS.value.split(':'):
       e_a, e_b = map(int, pair.split(','))
       row[f'share_{e_a}_{e_b}'] = e_a * t_a / (e_a * t_a + e_b * t_b)
+      t_lw = len(paths) * (t_c + e_a * t_l)
+      row[f'layerwise_share_{e_a}_{e_b}'] = t_lw / (t_lw + e_b * t_b)
     rows.append(row)
     print(json.dumps(row), flush=True)
   return rows
@@ -125,6 +142,8 @@ def main(argv):
     lines.append(f'| {num} | ' + ' | '.join(cells) + ' |')
   pairs = [tuple(map(int, p.split(','))) for p in _EPOCHS.value.split(':')]
   lines += ['', '## One step of the paper-sized encoder, batch 64 (ms)', '',
+            'Joint schedule (`phase_a.schedule=joint`): every Phase A step runs the encoder '
+            'forward.', '',
             '| L | Phase A step | Phase B step | A ÷ B | ' +
             ' | '.join(f'A share ({a} A + {b} B epochs)' for a, b in pairs) + ' |',
             '|---|---|---|---|' + '---|' * len(pairs)]
@@ -132,6 +151,17 @@ def main(argv):
     shares = ' | '.join(f"{100 * r[f'share_{a}_{b}']:.1f}%" for a, b in pairs)
     lines.append(f"| {r['L']} | {r['phase_a_ms']:.1f} | {r['phase_b_ms']:.1f} | "
                  f"{r['phase_a_ms'] / r['phase_b_ms']:.3f} | {shares} |")
+  lines += ['', 'Layer-wise schedule (`phase_a.schedule=layerwise`): per layer, one forward '
+            'pass for the cached pooled keys (the deepest layer\'s, timed per batch) and '
+            'e_A epochs of steps on them; share = n_layers·(cache + e_A·step) / (that + '
+            'e_B·Phase B step), per batch.', '',
+            '| L | cache forward | layer step | ' +
+            ' | '.join(f'A share ({a} A + {b} B epochs)' for a, b in pairs) + ' |',
+            '|---|---|---|' + '---|' * len(pairs)]
+  for r in steps:
+    shares = ' | '.join(f"{100 * r[f'layerwise_share_{a}_{b}']:.1f}%" for a, b in pairs)
+    lines.append(f"| {r['L']} | {r['layerwise_cache_ms']:.1f} | {r['layerwise_step_ms']:.2f} | "
+                 f"{shares} |")
   if runs:
     lines += ['', '## Measured in experiments.train runs', '',
               '| dataset | variant | seed | epochs A / B | Phase A (s) | Phase B (s) | A share |',

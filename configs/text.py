@@ -118,6 +118,12 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.phase_a.batch_size = 64
   # Epochs at most (the paper: 10).
   config.phase_a.num_epochs = 10
+  # 'joint': every step moves all layers' particles and runs the encoder forward for
+  # their pooled keys (the paper's summed objective, as written). 'layerwise': the same
+  # objective one layer at a time, num_epochs per layer, on pooled keys computed once per
+  # layer with the layers below already learned: no forward pass per step (cheaper;
+  # see coulomb_jax.training and docs/performance.md).
+  config.phase_a.schedule = 'joint'
   # Stop when the largest particle move of a step is below this (the paper: 1e-6). The move
   # includes the Langevin noise, about sqrt(2η/β)·sqrt(D_h) ≈ 0.07 at the paper's settings,
   # so at β = 50 this never fires and Phase A runs num_epochs.

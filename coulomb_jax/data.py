@@ -471,9 +471,11 @@ def _make_batch(encoded: Encoded, lengths: np.ndarray, index: np.ndarray, batch_
   labels[:len(index)] = encoded.labels[index]
   weights = np.zeros(batch_size, np.float32)
   weights[:len(index)] = 1.0
+  rows = np.full(batch_size, -1, np.int32)
+  rows[:len(index)] = index
   return {'ids': ids, 'segments': segments,
           'mask': np.arange(size)[None, :] < row_lengths[:, None],
-          'labels': labels, 'weights': weights}
+          'labels': labels, 'weights': weights, 'index': rows}
 
 
 def batches(encoded: Encoded, batch_size: int, *, seed: Optional[int] = None, epoch: int = 0,
@@ -483,6 +485,7 @@ def batches(encoded: Encoded, batch_size: int, *, seed: Optional[int] = None, ep
 
   Each batch: ``ids, segments: [B, L]`` int32, ``mask: [B, L]`` bool (True on
   real tokens), ``labels: [B]`` int32, ``weights: [B]`` float32 (0 on padding
+  rows), ``index: [B]`` int32 (each row's position in ``encoded``, −1 on padding
   rows), with ``B = batch_size`` and ``L`` the batch's longest sequence rounded up
   to a multiple of ``pad_multiple``. A short last batch is filled with all-[PAD]
   rows of weight 0 and label 0, or dropped when ``drop_remainder``.

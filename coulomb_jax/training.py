@@ -20,9 +20,20 @@ AdamW under a linear warm-up + cosine schedule on the weighted cross-entropy.
 Both optimisers are one ``optax.partition`` over the labels of
 ``partition_labels``. Steps take the key first-class: dropout uses
 ``fold_in(key, step)``.
+
+**Layer-wise Phase A** (``make_phase_a_layer_step``, ``attention_paths``): the
+same Hamiltonian, minimised one layer at a time. Because r_{l,h} is treated as
+data, layer l's term depends on the particles of layers < l only through its
+inputs, and on no other particles. Layer by layer, with the layers below already
+at their Phase A result, r_l is fixed for the whole stage: it can be computed once
+per example (one forward pass) and every Langevin step works on the cached
+``[B, H, D_h]`` inputs, with no encoder forward at all. Layer 0 follows the same
+dynamics as in the joint schedule (up to the noise draws and the clipping norm,
+which is per layer); layer l > 0 learns on the inputs it will see in Phase B.
 """
 
-from typing import Any, Callable, Dict, NamedTuple, Tuple
+import re
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -44,10 +55,16 @@ class TrainState(NamedTuple):
   opt_state: Any
 
 
-def partition_labels(params) -> Any:
-  """``'particles'`` for every leaf named ``particles``, ``'rest'`` otherwise."""
+def partition_labels(params, only: Optional[Sequence[str]] = None) -> Any:
+  """``'particles'`` for every leaf named ``particles``, ``'rest'`` otherwise.
+
+  ``only``: the path of one attention module (e.g. ``('layer_1', 'attention_1')``);
+  then only that module's particles are labelled ``'particles'``.
+  """
   flat = traverse_util.flatten_dict(params)
-  labels = {k: PARTICLES if k[-1] == PARTICLES else 'rest' for k in flat}
+  only = None if only is None else tuple(only)
+  labels = {k: PARTICLES if k[-1] == PARTICLES and (only is None or k[:-1] == only)
+            else 'rest' for k in flat}
   return traverse_util.unflatten_dict(labels)
 
 
@@ -55,13 +72,30 @@ def has_particles(params) -> bool:
   return any(k[-1] == PARTICLES for k in traverse_util.flatten_dict(params))
 
 
+def _natural_key(path):
+  return [(0, int(t), '') if t.isdigit() else (1, 0, t)
+          for part in path for t in re.split(r'(\d+)', part) if t]
+
+
+def attention_paths(params) -> list:
+  """Paths of the modules holding ``particles``, in layer order (``layer_2`` < ``layer_10``)."""
+  paths = {k[:-1] for k in traverse_util.flatten_dict(params) if k[-1] == PARTICLES}
+  return sorted(paths, key=_natural_key)
+
+
 def phase_a_optimizer(key: jax.Array, *, step_size: float, beta: float, radius: float,
-                      clip_norm: float) -> optax.GradientTransformation:
-  """Langevin on the particles, nothing else moves (see module docstring)."""
+                      clip_norm: float, only: Optional[Sequence[str]] = None
+                      ) -> optax.GradientTransformation:
+  """Langevin on the particles, nothing else moves (see module docstring).
+
+  ``only``: move only the particles of the attention module at this path (the
+  layer-wise schedule); every other leaf, particles included, gets
+  ``set_to_zero``. The state has the same structure either way.
+  """
   return optax.partition(
       {PARTICLES: langevin.langevin_transform(key, step_size=step_size, beta=beta,
                                               radius=radius, clip_norm=clip_norm),
-       'rest': optax.set_to_zero()}, partition_labels)
+       'rest': optax.set_to_zero()}, lambda p: partition_labels(p, only))
 
 
 def phase_b_schedule(*, learning_rate: float, warmup_steps: int, total_steps: int):
@@ -128,6 +162,30 @@ def make_phase_a_step(model: nn.Module, optimizer: optax.GradientTransformation,
     moves = [jnp.max(jnp.linalg.norm(u, axis=-1))
              for k, u in traverse_util.flatten_dict(updates).items() if k[-1] == PARTICLES]
     metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)))
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  return step
+
+
+def make_phase_a_layer_step(path: Sequence[str], optimizer: optax.GradientTransformation, *,
+                            feature_map, lam: float, s, softening: float) -> Callable:
+  """``step(state, r, labels, weights) -> (state, metrics)`` on cached inputs.
+
+  One Langevin move of the particles of the attention module at ``path`` on
+  given pooled keys ``r: [B, H, D_h]`` (the layer-wise schedule; see the module
+  docstring), with ``optimizer = phase_a_optimizer(..., only=path)``. No encoder
+  forward pass. Metrics as ``make_phase_a_step``, for this layer only.
+  """
+  path = tuple(path)
+
+  def step(state: TrainState, r, labels, weights):
+    (h, aux), grads = jax.value_and_grad(phase_a_objective, has_aux=True)(
+        state.params, {path: jax.lax.stop_gradient(r)}, labels, weights,
+        feature_map=feature_map, lam=lam, s=s, softening=softening)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    move = traverse_util.flatten_dict(updates)[path + (PARTICLES,)]
+    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.linalg.norm(move, axis=-1)))
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return step

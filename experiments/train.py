@@ -10,7 +10,9 @@ the code:
    WordPiece tokenizer in ``workdir``, and encodes;
 3. Phase A (Kernel-X only): Langevin moves of the particles on the alignment of
    per-head mean-pooled keys (``coulomb_jax.training``), until the largest move
-   is below ``phase_a.tolerance`` or after ``phase_a.num_epochs``;
+   is below ``phase_a.tolerance`` or after ``phase_a.num_epochs``: all layers at
+   once (``phase_a.schedule='joint'``), or one layer after the other on pooled
+   keys computed once per layer (``'layerwise'``);
 4. Phase B: AdamW on everything else, particles frozen; the epoch with the best
    validation accuracy (ties: lower log loss) is kept;
 5. writes ``results.json``: validation and test metrics of the kept parameters,
@@ -43,6 +45,7 @@ from coulomb_jax import training
 from experiments import provenance
 
 RESULTS = 'results.json'
+PHASE_A_SCHEDULES = ('joint', 'layerwise')
 
 
 # ----------------------------------------------------------------------------- config
@@ -99,6 +102,8 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
   if a.riesz_s != 'coulomb':
     positive('phase_a.riesz_s', a.riesz_s, allow_zero=True)
   positive_int('phase_a.num_epochs', a.num_epochs, 0)
+  if a.schedule not in PHASE_A_SCHEDULES:
+    fail('phase_a.schedule', a.schedule, f'one of {PHASE_A_SCHEDULES}')
   for field in ('learning_rate', 'clip_norm'):
     positive(f'phase_b.{field}', b[field])
   positive('phase_b.weight_decay', b.weight_decay, allow_zero=True)
@@ -157,6 +162,25 @@ def _train_batches(encoded, batch_size, seed, step, steps_per_epoch, d):
   for _ in range(offset):
     next(it)
   return it
+
+
+def _pooled_keys(model, params, encoded, path, sharder, config) -> np.ndarray:
+  """``[n, H, D_h]``: every training row's pooled keys r entering the attention at ``path``.
+
+  One forward pass (no dropout) over ``encoded`` in length-bucketed batches of
+  ``run.eval_batch_size``; the layers above ``path`` are not computed.
+  """
+  d = config.data
+  inputs = jax.jit(lambda p, b: training.phase_a_inputs(model, p, b)[tuple(path)])
+  table = None
+  for batch in data.batches(encoded, config.run.eval_batch_size, seed=0,
+                            pad_multiple=d.pad_multiple, bucket_size=d.bucket_size):
+    r = sharder.to_host(inputs(params, sharder.batch(batch)))
+    if table is None:
+      table = np.zeros((len(encoded.labels),) + r.shape[1:], np.float32)
+    rows = batch['index'] >= 0
+    table[batch['index'][rows]] = r[rows]
+  return table
 
 
 class Sharder:
@@ -316,25 +340,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if a.enabled and not a.num_epochs:
     raise ValueError('config.phase_a.num_epochs: 0 with phase_a.enabled=True would train a '
                      'Vanilla model under a Kernel name; set phase_a.enabled=False.')
-  total_a = spe_a * a.num_epochs if a.enabled else 0
+  layerwise = a.enabled and a.schedule == 'layerwise'
+  paths = training.attention_paths(params)
+  stage_a = spe_a * a.num_epochs  # Steps of one Phase A stage (layer-wise: one per layer).
+  total_a = stage_a * (len(paths) if layerwise else 1) if a.enabled else 0
   total_b = spe_b * b.num_epochs
-  opt_a = training.phase_a_optimizer(langevin_key, step_size=a.step_size, beta=a.beta,
-                                     radius=a.radius, clip_norm=a.clip_norm)
+  langevin = dict(step_size=a.step_size, beta=a.beta, radius=a.radius, clip_norm=a.clip_norm)
+  opt_a = training.phase_a_optimizer(langevin_key, **langevin)
+  # Layer-wise: one optimiser per layer, moving only that layer's particles, each
+  # with its own noise key; their states have the joint optimiser's structure.
+  opt_layers = [training.phase_a_optimizer(jax.random.fold_in(langevin_key, i), only=p,
+                                           **langevin) for i, p in enumerate(paths)]
   opt_b = training.phase_b_optimizer(
       learning_rate=b.learning_rate, warmup_steps=int(b.warmup_fraction * total_b),
       total_steps=total_b, weight_decay=b.weight_decay, clip_norm=b.clip_norm)
   riesz_s = a.riesz_s if a.riesz_s == 'coulomb' else float(a.riesz_s)
-  step_a = jax.jit(training.make_phase_a_step(
-      model, opt_a, feature_map=config.model.feature_map, lam=a.lam, s=riesz_s,
-      softening=a.softening))
+  objective = dict(feature_map=config.model.feature_map, lam=a.lam, s=riesz_s,
+                     softening=a.softening)
+  step_a = jax.jit(training.make_phase_a_step(model, opt_a, **objective))
   step_b = jax.jit(training.make_phase_b_step(model, opt_b))
   predict = jax.jit(training.make_predict(model))
 
   f32 = lambda v: jnp.asarray(v, jnp.float32)
   i32 = lambda v: jnp.asarray(v, jnp.int32)
   ckpt = {'phase': i32(0 if a.enabled else 1), 'params': params,
-          'opt_a': opt_a.init(params), 'opt_b': opt_b.init(params),
-          'step_a': i32(0), 'step_b': i32(0), 'best_params': params,
+          'opt_a': (opt_layers[0] if layerwise else opt_a).init(params),
+          'opt_b': opt_b.init(params), 'step_a': i32(0), 'step_b': i32(0),
+          'layer_a': i32(0), 'layer_step_a': i32(0), 'best_params': params,
           'best_accuracy': f32(-1.0), 'best_log_loss': f32(np.inf), 'best_epoch': i32(-1),
           'seconds_a': f32(0.0), 'seconds_b': f32(0.0), 'stopped_early_a': i32(0)}
   manager = _checkpoint_manager(workdir)
@@ -358,8 +390,56 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   def save():
     _save(manager, ckpt)
 
-  # ---- Phase A: only the particles move.
-  if int(ckpt['phase']) == 0:
+  # ---- Phase A, layer-wise: one layer at a time on its cached pooled keys.
+  if int(ckpt['phase']) == 0 and layerwise:
+    for layer in range(int(ckpt['layer_a']), len(paths)):
+      tick = time.time()
+      table = _pooled_keys(model, ckpt['params'], encoded['train'], paths[layer], sharder,
+                           config)
+      step = jax.jit(training.make_phase_a_layer_step(paths[layer], opt_layers[layer],
+                                                      **objective))
+      state = training.TrainState(ckpt['layer_step_a'], ckpt['params'], ckpt['opt_a'])
+      start = int(state.step)
+      before = int(ckpt['step_a']) - start  # Phase A steps of the layers below.
+      meter = _Throughput(start)
+      for t in range(start, stage_a):
+        if t == start or t % spe_a == 0:
+          it = _train_batches(encoded['train'], a.batch_size, config.seed, t, spe_a, d)
+        batch = next(it)
+        inputs = {'r': table[np.maximum(batch['index'], 0)], 'labels': batch['labels'],
+                  'weights': batch['weights']}
+        state, m = step(state, **sharder.batch(inputs))
+        steps_this_call += 1
+        done = float(m['max_move']) < a.tolerance or t + 1 == stage_a
+        if (t + 1) % config.run.log_every == 0 or done:
+          m = jax.device_get(m)
+          logging.info('phase A layer %d/%d step %d/%d (epoch %d): H %.5f A %.5f W %.5f '
+                       'max move %.2e; %s', layer + 1, len(paths), t + 1, stage_a, t // spe_a,
+                       m['hamiltonian'], m['alignment'], m['repulsion'], m['max_move'],
+                       meter.rate(t + 1, a.batch_size))
+          _log_scalars(writer, f'phase_a/layer_{layer}', m, before + t + 1)
+        periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
+        if done or (t + 1) % spe_a == 0 or periodic or out_of_time():
+          jax.block_until_ready(state)
+          ckpt.update(params=state.params, opt_a=state.opt_state, layer_step_a=state.step,
+                      step_a=i32(before + t + 1),
+                      seconds_a=ckpt['seconds_a'] + f32(time.time() - tick))
+          if done:
+            last = layer + 1 == len(paths)
+            ckpt.update(layer_a=i32(layer + 1), layer_step_a=i32(0),
+                        opt_a=state.opt_state if last else opt_layers[layer + 1].init(params),
+                        stopped_early_a=ckpt['stopped_early_a'] | i32(t + 1 < stage_a))
+            if last:
+              ckpt.update(phase=i32(1))
+          save()
+          tick = time.time()
+        if done:
+          break
+        if out_of_time():
+          return None
+
+  # ---- Phase A, joint: all particles move; each step runs the encoder forward.
+  if int(ckpt['phase']) == 0 and not layerwise:
     state = training.TrainState(ckpt['step_a'], ckpt['params'], ckpt['opt_a'])
     start, tick = int(state.step), time.time()
     meter = _Throughput(start)

@@ -119,6 +119,55 @@ def test_partition_labels_select_exactly_the_particles():
   assert not training.has_particles(_init(_model(attention='softmax'), batch))
 
 
+def test_attention_paths_are_in_layer_order():
+  params = {f'attention_{i}': {'particles': 0, 'value': 1} for i in (10, 2, 0)}
+  assert training.attention_paths(params) == [('attention_0',), ('attention_2',),
+                                              ('attention_10',)]
+
+
+def test_layer_step_moves_only_its_layers_particles_on_cached_inputs():
+  model, batch = _model(feature_map='favor'), _batch()
+  params = _init(model, batch)
+  paths = training.attention_paths(params)
+  inputs = training.phase_a_inputs(model, params, batch)
+  opt = training.phase_a_optimizer(jax.random.PRNGKey(0), step_size=1e-2, beta=50.0,
+                                   radius=1.5, clip_norm=10.0, only=paths[1])
+  step = jax.jit(training.make_phase_a_layer_step(paths[1], opt, feature_map='favor',
+                                                  lam=1e-3, s='coulomb', softening=0.5))
+  state = training.TrainState(jnp.zeros([], jnp.int32), params, opt.init(params))
+  new, m = step(state, inputs[paths[1]], batch['labels'], batch['weights'])
+  before, after = traverse_util.flatten_dict(params), traverse_util.flatten_dict(new.params)
+  moved = {k for k in before if not np.array_equal(before[k], after[k])}
+  assert moved == {paths[1] + ('particles',)}
+  assert float(m['max_move']) > 0 and int(new.step) == 1
+  # Its H is this layer's term of the joint objective.
+  want, _ = training.phase_a_objective(params, {paths[1]: inputs[paths[1]]}, batch['labels'],
+                                       batch['weights'], feature_map='favor', lam=1e-3,
+                                       s='coulomb', softening=0.5)
+  np.testing.assert_allclose(m['hamiltonian'], want, rtol=1e-6)
+
+
+def test_pooled_keys_table_holds_each_rows_phase_a_inputs():
+  from configs import text
+  from coulomb_jax import data
+  from experiments import train
+  rng = np.random.default_rng(0)
+  ids = [rng.integers(1, VOCAB, size=n).astype(np.int32) for n in rng.integers(2, 16, size=11)]
+  encoded = data.Encoded(ids, [np.zeros_like(x) for x in ids],
+                         rng.integers(0, 2, 11).astype(np.int32))
+  config = text.get_text_config('sst2', 'kernel-favor,quick')
+  config.run.eval_batch_size, config.data.pad_multiple = 4, 8
+  model, batch = _model(feature_map='favor'), _batch()
+  params = _init(model, batch)
+  path = training.attention_paths(params)[1]
+  table = train._pooled_keys(model, params, encoded, path, train.Sharder(), config)
+  assert table.shape == (11, 2, 8)
+  # The same rows in another batch, in file order, padded to 16.
+  rows = next(data.batches(encoded, 11, pad_multiple=16))
+  want = training.phase_a_inputs(model, params, rows)[path]
+  np.testing.assert_allclose(table, want, rtol=1e-5, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- experiments/train.py
 
 def _config(**overrides):
@@ -171,10 +220,29 @@ def test_end_to_end_on_64_sst2_rows_and_resume_gives_the_same_parameters(tmp_pat
     train.train_and_evaluate(_config(**{'phase_b.learning_rate': 1.0}), resumed_dir)
 
 
+@needs_data
+def test_layerwise_phase_a_runs_every_layer_and_resumes_mid_layer(tmp_path):
+  from experiments import train
+  config = lambda: _config(**{'phase_a.schedule': 'layerwise', 'model.num_layers': 2,
+                              'run.checkpoint_every': 0})
+  full = train.train_and_evaluate(config(), str(tmp_path / 'full'))
+  assert full['phase_a_steps'] == 8  # 4 steps per layer
+  resumed_dir = str(tmp_path / 'resumed')
+  # Stops after the first step of the second layer; the first is done and cached keys
+  # of the second are computed again on resume.
+  assert train.train_and_evaluate(config(), resumed_dir, stop_after_steps=5) is None
+  resumed = train.train_and_evaluate(config(), resumed_dir)
+  assert resumed['test'] == full['test']
+  for a, b in zip(jax.tree.leaves(_final_params(resumed_dir)),
+                  jax.tree.leaves(_final_params(str(tmp_path / 'full')))):
+    np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize('field, value', [
     ('data.task', 'mnli'), ('data.data_dir', '/nonexistent'), ('model.feature_map', 'rff'),
     ('model.num_heads', 0), ('model.width', 33), ('phase_a.beta', 0.0), ('phase_b.batch_size', 0),
-    ('phase_b.warmup_fraction', 1.5), ('model.attention', 'lstm')])
+    ('phase_b.warmup_fraction', 1.5), ('model.attention', 'lstm'),
+    ('phase_a.schedule', 'greedy')])
 def test_bad_config_fails_before_any_compute(field, value, tmp_path):
   from experiments import train
   config = _config(**{field: value})
@@ -233,8 +301,8 @@ print('OK', one.tolist())
 
 
 def test_eight_fake_devices_follow_the_one_device_trajectory():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
+  flags = os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS='cpu')
   out = subprocess.run([sys.executable, '-c', _SHARDED], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
