@@ -19,7 +19,7 @@ run: $(STAMP)
 	$(VENV)/bin/python -m experiments.synthetic --config=configs/synthetic.py:quick --workdir=$(WORKDIR)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses=4 tests
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks.hamiltonian --feature_map=rff --out=benchmarks/results

@@ -36,8 +36,9 @@ setuptools.setup(
         # coulomb_jax.tfds_builders / data.load_split(source='tfds'): tfds without tensorflow
         # (array_record files); tfds 4.9.10 imports importlib_resources without declaring it.
         'tfds': ['tensorflow-datasets>=4.9.10', 'importlib_resources', 'array_record>=0.5'],
-        # nbclient/nbformat/ipykernel execute the Colab notebooks in the test suite.
-        'test': ['pytest>=8', 'hypothesis>=6', 'nbclient>=0.9', 'nbformat>=5.9',
-                 'ipykernel>=6.25'],
+        # nbclient/nbformat/ipykernel execute the Colab notebooks in the test suite;
+        # pytest-xdist runs it on every core (its time is mostly single-threaded compiles).
+        'test': ['pytest>=8', 'pytest-xdist>=3.5', 'hypothesis>=6', 'nbclient>=0.9',
+                 'nbformat>=5.9', 'ipykernel>=6.25'],
     },
 )

@@ -1,9 +1,15 @@
-"""Shared test settings: float32 everywhere, CPU only, a compilation cache per session."""
+"""Shared test settings: CPU only, fast compilation, a compilation cache per session."""
 
 import os
 import tempfile
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# Most of the suite's time is XLA compiling many small programs. Tests check values,
+# not speed, so they compile with LLVM's cheap pipeline (about 40% less time on
+# tests/test_models.py); benchmarks and experiments keep XLA's defaults.
+# Subprocesses that set their own XLA_FLAGS add to TEST_XLA_FLAGS.
+TEST_XLA_FLAGS = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
+os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -70,8 +70,8 @@ _SCRIPT = textwrap.dedent('''
 
 
 def test_sharded_updates_equal_single_device_on_8_fake_devices():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
+  flags = os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS='cpu')
   proc = subprocess.run([sys.executable, '-c', _SCRIPT], env=env, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
