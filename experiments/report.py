@@ -59,6 +59,10 @@ PLACEHOLDER = '(analysis to be written)'
 RESULTS = 'results.json'
 # Config fields that may differ between the seeds of one variant.
 _FREE_FIELDS = ('seed', 'data.data_dir', 'run')
+# Config fields added after some runs were made, with the value that reproduces what
+# those runs did: a run recorded without the field counts as having this value.
+_ADDED_FIELDS = {'model.chunk_size': 0, 'model.init_radius': 0.0,
+                 'data.max_eval_examples': 0, 'phase_a.schedule': 'joint'}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -119,7 +123,8 @@ def _flat(config, prefix=''):
 
 
 def _settings(run):
-  return {k: v for k, v in _flat(run.get('config', {})).items()
+  flat = {**_ADDED_FIELDS, **_flat(run.get('config', {}))}
+  return {k: v for k, v in flat.items()
           if not any(k == f or k.startswith(f + '.') for f in _FREE_FIELDS)}
 
 

@@ -21,11 +21,14 @@ def _metrics(accuracy, ece=0.05):
   return dict(m, accuracy=accuracy, mcc=2 * accuracy - 1, ece=ece, brier=1 - accuracy)
 
 
-def _write_run(root, dataset, variant, seed, accuracy, seconds=(10.0, 90.0), epochs=5):
+def _write_run(root, dataset, variant, seed, accuracy, seconds=(10.0, 90.0), epochs=5,
+               phase_a=None):
   out = os.path.join(root, dataset, variant, f'seed{seed}')
   os.makedirs(out)
   config = {'variant': variant, 'seed': seed, 'data': {'task': dataset, 'data_dir': 'x'},
             'phase_b': {'num_epochs': epochs}}
+  if phase_a is not None:
+    config['phase_a'] = phase_a
   result = {
       'command': (f'python -m experiments.train --config=configs/rotten_tomatoes.py:{variant} '
                   f'--workdir={out} --config.seed={seed} --config.phase_b.num_epochs={epochs}'),
@@ -150,6 +153,16 @@ def test_seeds_with_different_settings_are_not_averaged(tmp_path):
   _write_run(root, 'sst2', 'softmax', 1, 0.8, epochs=10)
   with pytest.raises(ValueError, match='phase_b.num_epochs'):
     report.write_report(root, str(tmp_path / 'out'), str(tmp_path / 'r.md'), meta=META)
+
+
+def test_a_field_added_later_counts_as_its_old_behaviour(tmp_path):
+  root = str(tmp_path / 'grid')
+  _write_run(root, 'sst2', 'kernel-favor', 0, 0.8)  # recorded before phase_a.schedule existed
+  _write_run(root, 'sst2', 'kernel-favor', 1, 0.8, phase_a={'schedule': 'joint'})
+  report.write_report(root, str(tmp_path / 'out'), str(tmp_path / 'r.md'), meta=META)
+  _write_run(root, 'sst2', 'kernel-favor', 2, 0.8, phase_a={'schedule': 'layerwise'})
+  with pytest.raises(ValueError, match='phase_a.schedule'):
+    report.write_report(root, str(tmp_path / 'out2'), str(tmp_path / 'r2.md'), meta=META)
 
 
 @pytest.mark.skipif(not os.path.isdir(os.path.join(DATA_DIR, 'rotten_tomatoes')),
