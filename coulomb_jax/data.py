@@ -439,6 +439,18 @@ def num_batches(n: int, batch_size: int, drop_remainder: bool) -> int:
   return n // batch_size if drop_remainder else -(-n // batch_size)
 
 
+def batch_indices(lengths: np.ndarray, batch_size: int, *, seed: Optional[int] = None,
+                  epoch: int = 0, bucket_size: int = 64,
+                  drop_remainder: bool = False) -> list[np.ndarray]:
+  """The rows of each batch ``batches`` makes from sequences of these ``lengths``.
+
+  A list of int arrays (at most ``batch_size`` row numbers each), in batch order;
+  for callers that need the rows but not the padded tokens.
+  """
+  return _batch_indices(np.asarray(lengths), batch_size, seed, epoch, bucket_size,
+                        drop_remainder)
+
+
 def _batch_indices(lengths: np.ndarray, batch_size: int, seed: Optional[int], epoch: int,
                    bucket_size: int, drop_remainder: bool) -> list[np.ndarray]:
   n = len(lengths)

@@ -392,6 +392,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   # ---- Phase A, layer-wise: one layer at a time on its cached pooled keys.
   if int(ckpt['phase']) == 0 and layerwise:
+    lengths = np.array([len(x) for x in encoded['train'].ids])
+    labels = np.asarray(encoded['train'].labels, np.int32)
     for layer in range(int(ckpt['layer_a']), len(paths)):
       tick = time.time()
       table = _pooled_keys(model, ckpt['params'], encoded['train'], paths[layer], sharder,
@@ -403,11 +405,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       before = int(ckpt['step_a']) - start  # Phase A steps of the layers below.
       meter = _Throughput(start)
       for t in range(start, stage_a):
-        if t == start or t % spe_a == 0:
-          it = _train_batches(encoded['train'], a.batch_size, config.seed, t, spe_a, d)
-        batch = next(it)
-        inputs = {'r': table[np.maximum(batch['index'], 0)], 'labels': batch['labels'],
-                  'weights': batch['weights']}
+        if t == start or t % spe_a == 0:  # The rows of _train_batches' batches, no tokens.
+          epoch_rows = data.batch_indices(lengths, a.batch_size, seed=config.seed,
+                                          epoch=t // spe_a, bucket_size=d.bucket_size,
+                                          drop_remainder=True)
+        rows = epoch_rows[t % spe_a]
+        inputs = {'r': table[rows], 'labels': labels[rows],
+                  'weights': np.ones(len(rows), np.float32)}
         state, m = step(state, **sharder.batch(inputs))
         steps_this_call += 1
         done = float(m['max_move']) < a.tolerance or t + 1 == stage_a

@@ -355,6 +355,12 @@ def test_shuffled_batches_cover_each_example_once(drop_remainder):
   assert max(counts.values()) == 1
   assert len(seen) == (203 - 203 % 16 if drop_remainder else 203)
   assert seen != sorted(seen)
+  # Each batch says which rows it holds, and batch_indices gives the same rows.
+  rows = data.batch_indices([len(x) for x in enc.ids], 16, seed=3, epoch=0, bucket_size=4,
+                            drop_remainder=drop_remainder)
+  for b, r in zip(out, rows, strict=True):
+    np.testing.assert_array_equal(b['index'][b['weights'] > 0], r)
+    assert (b['index'][b['weights'] == 0] == -1).all()
 
 
 def test_shuffle_is_deterministic_per_seed_and_epoch():
