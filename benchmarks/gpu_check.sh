@@ -27,21 +27,26 @@ export PYTHONPATH=.:${PYTHONPATH:-}
 } 2>&1 | tee "$OUT/machine.txt"
 
 if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
+  TEST_PLATFORMS=cpu
   LENGTHS=256,1024; SOFTMAX_MAX=1024; CHUNK=256; REPEATS=1
   PA_ARGS="--n=64,256 --num_features=64 --lengths=32 --repeats=1"
   TESTS="tests/test_attention.py"
 else
   # Softmax stops at 16k: XLA's dot_product_attention materialises B·H·L² logits
   # (128 GiB in f32 at 64k) unless the cuDNN path is taken.
+  # tests/conftest.py defaults to CPU: ask for the GPU (the 8-fake-device tests pin CPU).
+  TEST_PLATFORMS=cuda,cpu
   LENGTHS=1024,4096,16384,65536,262144; SOFTMAX_MAX=16384; CHUNK=4096; REPEATS=5
-  PA_ARGS="--repeats=5"
+  PA_ARGS="--repeats=3 --n=64,1024 --num_features=256"
   TESTS="tests/test_attention.py tests/test_models.py tests/test_training.py tests/test_langevin.py"
 fi
 
 status=0
 # 1. The numerics on the GPU backend (data-dependent tests skip: ../shared does not travel).
 # Timeouts sum to 330 s, inside the 6-minute budget with the start-up.
-timeout 120 $PY -m pytest -q -x -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/pytest.txt" || status=1
+JAX_PLATFORMS=$TEST_PLATFORMS $PY -c "import jax; print('tests run on', jax.devices())" \
+    2>&1 | tee "$OUT/pytest_backend.txt"
+JAX_PLATFORMS=$TEST_PLATFORMS timeout 120 $PY -m pytest -q -x -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/pytest.txt" || status=1
 # 2. Kernel attention vs XLA/cuDNN softmax attention in bf16 (the setting), fused vs
 #    materialized; rows also stream to $OUT/attention_rows.jsonl in case of the timeout.
 timeout 150 $PY -m benchmarks.attention --out="$OUT" --lengths=$LENGTHS \

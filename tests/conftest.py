@@ -3,6 +3,7 @@
 import os
 import tempfile
 
+# CPU unless the caller chooses (benchmarks/gpu_check.sh sets JAX_PLATFORMS=cuda,cpu).
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Most of the suite's time is XLA compiling many small programs. Tests check values,
 # not speed, so they compile with LLVM's cheap pipeline (about 40% less time on
@@ -17,3 +18,8 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 # the resume test); a persistent cache for this session turns those into cache hits.
 jax.config.update('jax_compilation_cache_dir', tempfile.mkdtemp(prefix='coulomb_jax_xla_'))
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+
+
+def pytest_report_header(config):
+  del config
+  return f'jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} device(s)'
