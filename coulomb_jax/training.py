@@ -58,8 +58,8 @@ class TrainState(NamedTuple):
 def partition_labels(params, only: Optional[Sequence[str]] = None) -> Any:
   """``'particles'`` for every leaf named ``particles``, ``'rest'`` otherwise.
 
-  ``only``: the path of one attention module (e.g. ``('layer_1', 'attention_1')``);
-  then only that module's particles are labelled ``'particles'``.
+  ``only``: the path of one attention module (e.g. ``('attention_1',)`` in
+  ``models.EncoderClassifier``); then only its particles are labelled ``'particles'``.
   """
   flat = traverse_util.flatten_dict(params)
   only = None if only is None else tuple(only)
@@ -78,7 +78,10 @@ def _natural_key(path):
 
 
 def attention_paths(params) -> list:
-  """Paths of the modules holding ``particles``, in layer order (``layer_2`` < ``layer_10``)."""
+  """Paths of the modules holding ``particles``, in layer order.
+
+  Numbers compare as numbers: ``attention_2`` comes before ``attention_10``.
+  """
   paths = {k[:-1] for k in traverse_util.flatten_dict(params) if k[-1] == PARTICLES}
   return sorted(paths, key=_natural_key)
 
