@@ -1,0 +1,157 @@
+r"""Drift against noise in Phase A: how far the alignment pulls a particle per step.
+
+  python -m experiments.phase_a_drift --dataset=rotten_tomatoes --out=results
+
+For each attention feature map, the Kernel-X model of ``configs/<dataset>.py`` is
+built as ``experiments/train.py`` builds it (same seed, data, tokenizer and
+initialisation), and its particles are projected onto the Phase A ball, where
+the first Langevin step puts them. On the first ``--batches`` Phase A batches it
+measures, for every particle k of every layer and head, the deterministic part of
+one step of ``langevin.langevin_step``
+
+.. math::
+   d_k = η·N·‖\mathrm{clip}(∇H)_k‖
+
+(global-norm clip over all particles, as in ``langevin_transform``) against the
+noise of one step, σ = √(2η/β)·√D_h (the root-mean-square norm of √(2η/β)ξ,
+ξ ~ N(0, I_{D_h})). It reports the median, mean and 90th percentile of d_k, the
+per-step ratio median(d)/σ, the Phase A length T (steps at the config's epochs),
+the ratio of the drift accumulated over T steps to the noise accumulated over
+them, T·median(d) / (σ·√T), and β* = 2η·D_h / median(d)², the β at which drift
+and noise per step are equal. The representations are those of the randomly
+initialised encoder, as in Phase A. Writes ``phase_a_drift_<dataset>.json`` and
+``.md`` with the command, commit and machine.
+"""
+
+import json
+import os
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from coulomb_jax import data
+from coulomb_jax import features
+from coulomb_jax import langevin
+from coulomb_jax import training
+from experiments import grid
+from experiments import provenance
+from experiments import train
+
+_DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(grid.DATASETS)}.')
+_MAPS = flags.DEFINE_list('feature_maps', list(features.ATTENTION_FEATURE_MAPS),
+                          'Attention feature maps (kernel-<map> variants).')
+_BATCHES = flags.DEFINE_integer('batches', 20, 'Phase A batches the drift is measured on.')
+_DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'The data folder.')
+_WORKDIR = flags.DEFINE_string('workdir', 'workdir/phase_a_drift',
+                               'Where the tokenizer is trained once and kept.')
+_OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
+
+
+def _config(dataset, feature_map):
+  import importlib  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(grid.DATASETS[dataset][:-3].replace('/', '.'))
+  config = module.get_config(f'kernel-{feature_map}')
+  config.data.data_dir = _DATA_DIR.value
+  return config
+
+
+def drift_stats(config, encoded, vocab_size, num_batches):
+  """Statistics of d_k over particles × batches (see the module docstring)."""
+  train.check_config(config)
+  a, d = config.phase_a, config.data
+  model = train.make_model(config, vocab_size)
+  init_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)[0]  # As train.py.
+  example = next(data.batches(encoded['train'], 2, pad_multiple=d.pad_multiple))
+  params = model.init(init_key, example['ids'], example['segments'], example['mask'])['params']
+  flat = traverse_util.flatten_dict(params)
+  params = traverse_util.unflatten_dict(
+      {k: langevin.project_to_ball(v, a.radius) if k[-1] == training.PARTICLES else v
+       for k, v in flat.items()})
+  riesz_s = a.riesz_s if a.riesz_s == 'coulomb' else float(a.riesz_s)
+
+  @jax.jit
+  def drifts(params, batch):
+    inputs = training.phase_a_inputs(model, params, batch)
+    grads, aux = jax.grad(training.phase_a_objective, has_aux=True)(
+        params, inputs, batch['labels'], batch['weights'], feature_map=config.model.feature_map,
+        lam=a.lam, s=riesz_s, softening=a.softening)
+    grads = {k: v for k, v in traverse_util.flatten_dict(grads).items()
+             if k[-1] == training.PARTICLES}
+    grads = langevin.clip_by_global_norm(grads, a.clip_norm)
+    per_particle = [a.step_size * g.shape[-2] * jnp.linalg.norm(g, axis=-1).ravel()
+                    for g in grads.values()]
+    return jnp.concatenate(per_particle), aux['alignment']
+
+  n_train = len(encoded['train'].labels)
+  steps_per_epoch = data.num_batches(n_train, a.batch_size, drop_remainder=True)
+  it = train._train_batches(encoded['train'], a.batch_size, config.seed, 0, steps_per_epoch, d)
+  values, alignments = [], []
+  for _, batch in zip(range(num_batches), it):
+    dk, align = drifts(params, batch)
+    values.append(np.asarray(dk))
+    alignments.append(float(align))
+  dk = np.concatenate(values)
+  head_dim = config.model.width // config.model.num_heads
+  sigma = float(np.sqrt(2.0 * a.step_size / a.beta * head_dim))
+  median = float(np.median(dk))
+  steps = steps_per_epoch * a.num_epochs
+  return {'drift_median': median, 'drift_mean': float(dk.mean()),
+          'drift_p90': float(np.quantile(dk, 0.9)), 'noise': sigma,
+          'ratio_per_step': median / sigma, 'phase_a_steps': steps,
+          'ratio_over_phase_a': median * steps / (sigma * np.sqrt(steps)),
+          'beta_star': 2.0 * a.step_size * head_dim / max(median ** 2, 1e-30),
+          'alignment_mean': float(np.mean(alignments)), 'particles': int(dk.size // num_batches),
+          'batches': num_batches}
+
+
+def main(argv):
+  del argv
+  dataset = _DATASET.value
+  if dataset not in grid.DATASETS:
+    raise ValueError(f'--dataset: expected one of {sorted(grid.DATASETS)}, got {dataset!r}.')
+  bad = [m for m in _MAPS.value if m not in features.ATTENTION_FEATURE_MAPS]
+  if bad:
+    raise ValueError(f'--feature_maps: {bad} not in {features.ATTENTION_FEATURE_MAPS}.')
+  if _BATCHES.value < 1:
+    raise ValueError(f'--batches: expected an integer >= 1, got {_BATCHES.value}.')
+  workdir = os.path.join(_WORKDIR.value, dataset)
+  os.makedirs(workdir, exist_ok=True)
+  # The data and tokenizer do not depend on the feature map: load them once.
+  encoded, vocab_size = train.load_data(_config(dataset, _MAPS.value[0]), workdir)
+  rows = {}
+  for feature_map in _MAPS.value:
+    rows[feature_map] = drift_stats(_config(dataset, feature_map), encoded, vocab_size,
+                                    _BATCHES.value)
+    print(feature_map, json.dumps(rows[feature_map]), flush=True)
+  a = _config(dataset, _MAPS.value[0]).phase_a
+  settings = {k: a[k] for k in ('step_size', 'beta', 'lam', 'clip_norm', 'radius',
+                                'batch_size', 'num_epochs')}
+  meta = provenance.run_metadata('experiments.phase_a_drift')
+  record = dict(meta, dataset=dataset, settings=settings, maps=rows)
+  lines = [f'# Phase A drift against noise: {dataset}', '',
+           f"Command: `{meta['command']}`  ", f"Commit: {meta['commit']}  ",
+           f"Date: {meta['date']}  ", f"Machine: {json.dumps(meta['machine'])}", '',
+           f'Settings (the config defaults): {json.dumps(settings)}; particles projected onto '
+           f'the ball; drift d = η·N·‖clip(∇H)_k‖ per particle over {_BATCHES.value} Phase A '
+           'batches; noise σ = √(2η/β)·√D_h per step.', '',
+           '| map | median d | mean d | 90% d | σ | median d / σ | T steps | '
+           'T·d / (σ·√T) | β* (d = σ) | mean alignment |',
+           '|---|---|---|---|---|---|---|---|---|---|']
+  for m, r in rows.items():
+    lines.append(f"| {m} | {r['drift_median']:.2e} | {r['drift_mean']:.2e} | "
+                 f"{r['drift_p90']:.2e} | {r['noise']:.3f} | {r['ratio_per_step']:.2e} | "
+                 f"{r['phase_a_steps']} | {r['ratio_over_phase_a']:.3f} | "
+                 f"{r['beta_star']:.2e} | {r['alignment_mean']:.4f} |")
+  os.makedirs(_OUT.value, exist_ok=True)
+  stem = os.path.join(_OUT.value, f'phase_a_drift_{dataset}')
+  provenance.write_json_atomic(stem + '.json', record, indent=1)
+  provenance.write_atomic(stem + '.md', '\n'.join(lines) + '\n')
+  print('\n'.join(lines))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,32 @@
+"""experiments.phase_a_drift on a tiny synthetic task."""
+
+import numpy as np
+
+from configs import text
+from coulomb_jax import data
+from experiments import phase_a_drift
+
+
+def test_drift_statistics_are_consistent_and_scale_with_the_step_size():
+  rng = np.random.default_rng(0)
+  ids = [rng.integers(1, 40, size=n).astype(np.int32) for n in rng.integers(3, 12, size=48)]
+  encoded = {'train': data.Encoded(ids, [np.zeros_like(x) for x in ids],
+                                   rng.integers(0, 2, 48).astype(np.int32))}
+
+  def stats(step_size):
+    config = text.get_text_config('sst2', 'kernel-softmaxfeat,quick')
+    config.data.data_dir = '.'
+    config.model.width, config.model.num_features, config.model.ffn_dim = 16, 8, 16
+    config.phase_a.batch_size, config.phase_a.step_size = 16, step_size
+    return phase_a_drift.drift_stats(config, encoded, 40, num_batches=2)
+
+  small, large = stats(1e-3), stats(1e-1)
+  # 2 layers x 2 heads x 8 particles per batch; 3 batches per epoch.
+  assert small['particles'] == 32 and small['phase_a_steps'] == 3
+  assert 0 < small['drift_median'] <= small['drift_p90']
+  np.testing.assert_allclose(small['noise'], np.sqrt(2 * 1e-3 / 50.0 * 8), rtol=1e-6)
+  np.testing.assert_allclose(small['ratio_per_step'], small['drift_median'] / small['noise'])
+  np.testing.assert_allclose(small['beta_star'],
+                             2 * 1e-3 * 8 / small['drift_median'] ** 2, rtol=1e-6)
+  # Without clipping, the drift is linear in η (the gradient does not depend on η).
+  np.testing.assert_allclose(large['drift_median'], 100 * small['drift_median'], rtol=1e-4)
