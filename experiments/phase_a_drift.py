@@ -144,7 +144,7 @@ def main(argv):
   for m, r in rows.items():
     lines.append(f"| {m} | {r['drift_median']:.2e} | {r['drift_mean']:.2e} | "
                  f"{r['drift_p90']:.2e} | {r['noise']:.3f} | {r['ratio_per_step']:.2e} | "
-                 f"{r['phase_a_steps']} | {r['ratio_over_phase_a']:.3f} | "
+                 f"{r['phase_a_steps']} | {r['ratio_over_phase_a']:.2e} | "
                  f"{r['beta_star']:.2e} | {r['alignment_mean']:.4f} |")
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, f'phase_a_drift_{dataset}')
