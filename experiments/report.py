@@ -6,13 +6,14 @@ reads every ``results.json`` under ``--runs`` (``experiments.grid`` lays them
 out as ``<dataset>/<variant>/seed<s>/``) and writes
 
 * ``<out>/<dataset>.json``: ``{dataset, split, command, commit, date, machine,
-  variants: {variant: {metric: {mean, std, n}}}, paired, runs, run_commands,
+  variants: {variant: {metric: {mean, std, n}}}, paired, paired_ball, runs, run_commands,
   unfinished, reference}``. Metrics are those of the test split (the
   evaluation split named by ``split``) plus ``train_seconds``,
   ``phase_a_seconds`` and ``phase_b_seconds``; ``std`` is the sample standard
   deviation (ddof = 1) over seeds, ``null`` when n = 1. A variant without a
   finished run is left out. ``paired`` holds Kernel-X − Vanilla-X per feature
-  map, per seed both variants have, summarised the same way. ``reference`` is
+  map, per seed both variants have, summarised the same way; ``paired_ball`` the
+  same for Kernel-X − Ball-X (the control). ``reference`` is
   the TF-IDF row of ``experiments.tfidf_baseline`` (``<out>/tfidf/<dataset>.json``)
   when that file exists.
 * ``--docs``: one table per dataset (variants in the order of
@@ -178,13 +179,18 @@ def aggregate(runs) -> dict:
   return out
 
 
-def paired(runs) -> dict:
-  """``{map: {metric: summary}}`` of Kernel-X − Vanilla-X over the seeds both have."""
+def paired(runs, baseline: str = 'vanilla') -> dict:
+  """``{map: {metric: summary}}`` of Kernel-X − <baseline>-X over the seeds both have.
+
+  ``baseline``: ``'vanilla'`` (random particles) or ``'ball'`` (random particles
+  projected onto Phase A's ball, the control that separates the projection from
+  the dynamics).
+  """
   groups = _by_variant(runs)
   out = {}
   for fmap in text.MAPS:
     kernel = {r['seed']: r for r in groups.get(f'kernel-{fmap}', [])}
-    vanilla = {r['seed']: r for r in groups.get(f'vanilla-{fmap}', [])}
+    vanilla = {r['seed']: r for r in groups.get(f'{baseline}-{fmap}', [])}
     seeds = sorted(set(kernel) & set(vanilla))
     if seeds:
       out[fmap] = {k: summarize([kernel[s]['test'][k] - vanilla[s]['test'][k] for s in seeds])
@@ -230,6 +236,7 @@ def dataset_summary(dataset, runs, unfinished, reference, meta) -> dict:
       'commit': meta['commit'], 'date': meta['date'], 'machine': meta['machine'],
       'variants': aggregate(runs),
       'paired': paired(runs),
+      'paired_ball': paired(runs, 'ball'),
       'runs': [{k: r.get(k) for k in ('variant', 'seed', 'commit', 'command', 'date', 'machine',
                                       'path', 'best_epoch')}
                for group in _by_variant(runs).values() for r in group],
@@ -320,6 +327,14 @@ def dataset_markdown(s) -> str:
   else:
     lines.append('Paired Kernel-X − Vanilla-X: no map has both variants yet.')
   lines.append('')
+  if s.get('paired_ball'):
+    lines += ['Paired Kernel-X − Ball-X (the control: the same ball, no Langevin dynamics):', '']
+    header = ['map'] + [f'Δ {name}' for _, name in PAIRED_METRICS] + ['n pairs']
+    lines += ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    for fmap, d in s['paired_ball'].items():
+      cells = [fmt(d[k], signed=True) for k, _ in PAIRED_METRICS] + [str(len(d['seeds']))]
+      lines.append(f'| {fmap} | ' + ' | '.join(cells) + ' |')
+    lines.append('')
   return '\n'.join(lines)
 
 

@@ -90,6 +90,7 @@ def test_aggregation_schema_mean_and_sample_std(grid, tmp_path):
   assert d['seeds'] == [0] and d['accuracy']['n'] == 1 and d['accuracy']['std'] is None
   assert d['accuracy']['mean'] == pytest.approx(0.02)
   assert d['ece']['mean'] == pytest.approx(0.002)
+  assert s['paired_ball'] == {}
   assert [(r['variant'], r['seed']) for r in s['runs']] == [
       ('vanilla-favor', 0), ('kernel-favor', 0), ('kernel-favor', 1)]
   assert s['reference'] is None
@@ -188,3 +189,15 @@ def test_subset_runs_are_refused(tmp_path):
   provenance.write_json_atomic(path, r)
   with pytest.raises(ValueError, match='subset'):
     report.load_runs(root)
+
+
+def test_kernel_minus_ball_is_paired_per_seed(tmp_path):
+  root = str(tmp_path / 'grid')
+  for seed, (k, b) in enumerate([(0.80, 0.79), (0.84, 0.80)]):
+    _write_run(root, 'rotten_tomatoes', 'kernel-favor', seed, k)
+    _write_run(root, 'rotten_tomatoes', 'ball-favor', seed, b)
+  report.write_report(root, str(tmp_path / 'out'), str(tmp_path / 'r.md'), meta=META)
+  s = json.load(open(tmp_path / 'out' / 'rotten_tomatoes.json'))
+  d = s['paired_ball']['favor']
+  assert d['seeds'] == [0, 1] and d['accuracy']['mean'] == pytest.approx(0.025)
+  assert 'Paired Kernel-X − Ball-X' in open(tmp_path / 'r.md').read()
