@@ -131,6 +131,17 @@ def run_rows(root):
   return rows
 
 
+def _share_table(steps, pairs, columns, share_key):
+  """Markdown rows: L, the ``(header, cell_fn)`` columns, then one share column per pair."""
+  header = ['L'] + [h for h, _ in columns] + [f'A share ({a} A + {b} B epochs)' for a, b in pairs]
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for r in steps:
+    cells = [str(r['L'])] + [fn(r) for _, fn in columns]
+    cells += [f"{100 * r[f'{share_key}_{a}_{b}']:.1f}%" for a, b in pairs]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines
+
+
 def main(argv):
   del argv
   objective, steps = objective_rows(), step_rows()
@@ -141,27 +152,19 @@ def main(argv):
     cells = [f"{r['ms']:.2f}" for r in objective if r['N'] == num]
     lines.append(f'| {num} | ' + ' | '.join(cells) + ' |')
   pairs = [tuple(map(int, p.split(','))) for p in _EPOCHS.value.split(':')]
+  joint = [('Phase A step', lambda r: f"{r['phase_a_ms']:.1f}"),
+           ('Phase B step', lambda r: f"{r['phase_b_ms']:.1f}"),
+           ('A ÷ B', lambda r: f"{r['phase_a_ms'] / r['phase_b_ms']:.3f}")]
+  layerwise = [('cache forward', lambda r: f"{r['layerwise_cache_ms']:.1f}"),
+               ('layer step', lambda r: f"{r['layerwise_step_ms']:.2f}")]
   lines += ['', '## One step of the paper-sized encoder, batch 64 (ms)', '',
             'Joint schedule (`phase_a.schedule=joint`): every Phase A step runs the encoder '
-            'forward.', '',
-            '| L | Phase A step | Phase B step | A ÷ B | ' +
-            ' | '.join(f'A share ({a} A + {b} B epochs)' for a, b in pairs) + ' |',
-            '|---|---|---|---|' + '---|' * len(pairs)]
-  for r in steps:
-    shares = ' | '.join(f"{100 * r[f'share_{a}_{b}']:.1f}%" for a, b in pairs)
-    lines.append(f"| {r['L']} | {r['phase_a_ms']:.1f} | {r['phase_b_ms']:.1f} | "
-                 f"{r['phase_a_ms'] / r['phase_b_ms']:.3f} | {shares} |")
-  lines += ['', 'Layer-wise schedule (`phase_a.schedule=layerwise`): per layer, one forward '
+            'forward.', '', *_share_table(steps, pairs, joint, 'share'), '',
+            'Layer-wise schedule (`phase_a.schedule=layerwise`): per layer, one forward '
             'pass for the cached pooled keys (the deepest layer\'s, timed per batch) and '
             'e_A epochs of steps on them; share = n_layers·(cache + e_A·step) / (that + '
             'e_B·Phase B step), per batch.', '',
-            '| L | cache forward | layer step | ' +
-            ' | '.join(f'A share ({a} A + {b} B epochs)' for a, b in pairs) + ' |',
-            '|---|---|---|' + '---|' * len(pairs)]
-  for r in steps:
-    shares = ' | '.join(f"{100 * r[f'layerwise_share_{a}_{b}']:.1f}%" for a, b in pairs)
-    lines.append(f"| {r['L']} | {r['layerwise_cache_ms']:.1f} | {r['layerwise_step_ms']:.2f} | "
-                 f"{shares} |")
+            *_share_table(steps, pairs, layerwise, 'layerwise_share')]
   if runs:
     lines += ['', '## Measured in experiments.train runs', '',
               '| dataset | variant | seed | epochs A / B | Phase A (s) | Phase B (s) | A share |',
