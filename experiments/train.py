@@ -25,6 +25,7 @@ and every epoch end) make a killed run resume where it stopped, with the same
 result as an uninterrupted one; resuming with a different config is refused.
 """
 
+import itertools
 import json
 import os
 import time
@@ -162,6 +163,31 @@ def _train_batches(encoded, batch_size, seed, step, steps_per_epoch, d):
   for _ in range(offset):
     next(it)
   return it
+
+
+def _phase_a_batches(encoded, table, config, start, steps_per_epoch):
+  """Phase A's batches from step ``start`` on.
+
+  ``table`` None (joint schedule): token batches, as ``_train_batches``. Otherwise
+  (layer-wise) the same rows' cached pooled keys ``{'r': table[rows], 'labels',
+  'weights'}``: ``data.batch_indices`` gives the rows of those batches without tokens.
+  """
+  a, d = config.phase_a, config.data
+  lengths = np.array([len(x) for x in encoded.ids])
+  labels = np.asarray(encoded.labels, np.int32)
+  step = start
+  while True:
+    epoch, offset = divmod(step, steps_per_epoch)
+    if table is None:
+      it = _train_batches(encoded, a.batch_size, config.seed, step, steps_per_epoch, d)
+      yield from itertools.islice(it, steps_per_epoch - offset)
+    else:
+      epoch_rows = data.batch_indices(lengths, a.batch_size, seed=config.seed, epoch=epoch,
+                                      bucket_size=d.bucket_size, drop_remainder=True)
+      for rows in epoch_rows[offset:steps_per_epoch]:
+        yield {'r': table[rows], 'labels': labels[rows],
+               'weights': np.ones(len(rows), np.float32)}
+    step = (epoch + 1) * steps_per_epoch
 
 
 def _pooled_keys(model, params, encoded, path, sharder, config) -> np.ndarray:
@@ -390,93 +416,65 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   def save():
     _save(manager, ckpt)
 
-  # ---- Phase A, layer-wise: one layer at a time on its cached pooled keys.
-  if int(ckpt['phase']) == 0 and layerwise:
-    lengths = np.array([len(x) for x in encoded['train'].ids])
-    labels = np.asarray(encoded['train'].labels, np.int32)
-    for layer in range(int(ckpt['layer_a']), len(paths)):
+  # ---- Phase A: only the particles move. Joint: one stage over all layers, each step
+  # runs the encoder forward. Layer-wise: one stage per layer, bottom up, each on the
+  # pooled keys entering its layer, computed once with the layers below already learned.
+  if int(ckpt['phase']) == 0 and total_a:
+    for layer in range(int(ckpt['layer_a']), len(paths)) if layerwise else [None]:
       tick = time.time()
-      table = _pooled_keys(model, ckpt['params'], encoded['train'], paths[layer], sharder,
-                           config)
-      step = jax.jit(training.make_phase_a_layer_step(paths[layer], opt_layers[layer],
-                                                      **objective))
-      state = training.TrainState(ckpt['layer_step_a'], ckpt['params'], ckpt['opt_a'])
-      start = int(state.step)
-      before = int(ckpt['step_a']) - start  # Phase A steps of the layers below.
+      if layer is None:
+        step, n_steps, tag, what = step_a, total_a, 'phase_a', 'phase A'
+        start, before = int(ckpt['step_a']), 0
+        table = None
+      else:
+        layer_step = training.make_phase_a_layer_step(paths[layer], opt_layers[layer],
+                                                      **objective)
+        step = jax.jit(lambda state, batch, f=layer_step: f(state, **batch))
+        n_steps, tag = stage_a, f'phase_a/layer_{layer}'
+        what = f'phase A layer {layer + 1}/{len(paths)}'
+        start = int(ckpt['layer_step_a'])
+        before = int(ckpt['step_a']) - start  # Phase A steps of the layers below.
+        table = _pooled_keys(model, ckpt['params'], encoded['train'], paths[layer], sharder,
+                             config)
+      last = layer is None or layer + 1 == len(paths)
+      state = training.TrainState(i32(start), ckpt['params'], ckpt['opt_a'])
       meter = _Throughput(start)
-      for t in range(start, stage_a):
-        if t == start or t % spe_a == 0:  # The rows of _train_batches' batches, no tokens.
-          epoch_rows = data.batch_indices(lengths, a.batch_size, seed=config.seed,
-                                          epoch=t // spe_a, bucket_size=d.bucket_size,
-                                          drop_remainder=True)
-        rows = epoch_rows[t % spe_a]
-        inputs = {'r': table[rows], 'labels': labels[rows],
-                  'weights': np.ones(len(rows), np.float32)}
-        state, m = step(state, **sharder.batch(inputs))
+      batches = _phase_a_batches(encoded['train'], table, config, start, spe_a)
+      for t in range(start, n_steps):
+        state, m = step(state, sharder.batch(next(batches)))
         steps_this_call += 1
-        done = float(m['max_move']) < a.tolerance or t + 1 == stage_a
+        done = float(m['max_move']) < a.tolerance or t + 1 == n_steps
         if (t + 1) % config.run.log_every == 0 or done:
           m = jax.device_get(m)
-          logging.info('phase A layer %d/%d step %d/%d (epoch %d): H %.5f A %.5f W %.5f '
-                       'max move %.2e; %s', layer + 1, len(paths), t + 1, stage_a, t // spe_a,
-                       m['hamiltonian'], m['alignment'], m['repulsion'], m['max_move'],
-                       meter.rate(t + 1, a.batch_size))
-          _log_scalars(writer, f'phase_a/layer_{layer}', m, before + t + 1)
+          logging.info('%s step %d/%d (epoch %d): H %.5f A %.5f W %.5f max move %.2e; %s',
+                       what, t + 1, n_steps, t // spe_a, m['hamiltonian'], m['alignment'],
+                       m['repulsion'], m['max_move'], meter.rate(t + 1, a.batch_size))
+          _log_scalars(writer, tag, m, before + t + 1)
         periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
         if done or (t + 1) % spe_a == 0 or periodic or out_of_time():
           jax.block_until_ready(state)
-          ckpt.update(params=state.params, opt_a=state.opt_state, layer_step_a=state.step,
-                      step_a=i32(before + t + 1),
+          ckpt.update(params=state.params, opt_a=state.opt_state, step_a=i32(before + t + 1),
                       seconds_a=ckpt['seconds_a'] + f32(time.time() - tick))
+          if layer is not None:
+            ckpt.update(layer_step_a=state.step)
           if done:
-            last = layer + 1 == len(paths)
-            ckpt.update(layer_a=i32(layer + 1), layer_step_a=i32(0),
-                        opt_a=state.opt_state if last else opt_layers[layer + 1].init(params),
-                        stopped_early_a=ckpt['stopped_early_a'] | i32(t + 1 < stage_a))
+            ckpt.update(stopped_early_a=ckpt['stopped_early_a'] | i32(t + 1 < n_steps))
+            if layer is not None:
+              ckpt.update(layer_a=i32(layer + 1), layer_step_a=i32(0))
             if last:
               ckpt.update(phase=i32(1))
+            else:  # The next layer's optimiser starts fresh (its own noise key).
+              ckpt.update(opt_a=opt_layers[layer + 1].init(params))
           save()
           tick = time.time()
         if done:
           break
         if out_of_time():
           return None
-
-  # ---- Phase A, joint: all particles move; each step runs the encoder forward.
-  if int(ckpt['phase']) == 0 and not layerwise:
-    state = training.TrainState(ckpt['step_a'], ckpt['params'], ckpt['opt_a'])
-    start, tick = int(state.step), time.time()
-    meter = _Throughput(start)
-    for t in range(start, total_a):
-      epoch = t // spe_a
-      if t == start or t % spe_a == 0:
-        it = _train_batches(encoded['train'], a.batch_size, config.seed, t, spe_a, d)
-      state, m = step_a(state, sharder.batch(next(it)))
-      steps_this_call += 1
-      done = float(m['max_move']) < a.tolerance or t + 1 == total_a
-      if (t + 1) % config.run.log_every == 0 or done:
-        m = jax.device_get(m)
-        logging.info('phase A step %d/%d (epoch %d): H %.5f A %.5f W %.5f max move %.2e; %s',
-                     t + 1, total_a, epoch, m['hamiltonian'], m['alignment'], m['repulsion'],
-                     m['max_move'], meter.rate(t + 1, a.batch_size))
-        _log_scalars(writer, 'phase_a', m, t + 1)
-      periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
-      if done or (t + 1) % spe_a == 0 or periodic or out_of_time():
-        jax.block_until_ready(state)
-        ckpt.update(params=state.params, opt_a=state.opt_state, step_a=state.step,
-                    seconds_a=ckpt['seconds_a'] + f32(time.time() - tick))
-        if done:
-          ckpt.update(phase=i32(1), stopped_early_a=i32(t + 1 < total_a))
-        save()
-        tick = time.time()
-      if done:
-        break
-      if out_of_time():
-        return None
-    if total_a == 0:
-      ckpt.update(phase=i32(1))
-    if out_of_time():
-      return None
+  if int(ckpt['phase']) == 0 and not total_a:
+    ckpt.update(phase=i32(1))
+  if out_of_time():
+    return None
 
   # ---- Phase B: particles frozen, everything else trained.
   if int(ckpt['phase']) == 1:
