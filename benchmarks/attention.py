@@ -10,8 +10,12 @@ each call ended by ``block_until_ready``) of the forward and of forward+backward
 * ``materialized``: the per-head feature map (``favor`` stabilised per query
   row and per (batch, head) for keys, as ``models.KernelAttention`` does), then
   ``attention.linear_attention``: the ``[B, L, H, M]`` features are stored;
-* ``fused``: ``attention.fused_linear_attention`` (chunks of ``--chunk_size``
-  tokens, features computed inside each chunk, never stored);
+* ``fused``: ``attention.fused_linear_attention(implementation='xla')`` (chunks
+  of ``--chunk_size`` tokens, features computed inside each chunk, never stored);
+* ``pallas``: ``fused_linear_attention(implementation='pallas')``: the two
+  kernels of ``coulomb_jax.pallas_attention`` forward, the XLA path under
+  ``grad`` (so its fwd+bwd is the fused one's plus nothing); Pallas interpret
+  mode off the GPU, so only meaningful on a GPU (``--impls`` to add it);
 * ``softmax``: ``jax.nn.dot_product_attention`` (XLA; cuDNN flash on GPU when the
   backend picks it), skipped above ``--softmax_max_len``.
 
@@ -72,10 +76,11 @@ def materialized(feature_map, omega, q, k, v):
   return attention.linear_attention(qf, kf, v)
 
 
-def fused(feature_map, omega, q, k, v):
+def fused(feature_map, omega, q, k, v, implementation='xla'):
   scale = q.shape[-1] ** -0.25
   return attention.fused_linear_attention(q * scale, k * scale, v, omega,
-                                          feature_map=feature_map, chunk_size=_CHUNK.value)
+                                          feature_map=feature_map, chunk_size=_CHUNK.value,
+                                          implementation=implementation)
 
 
 def softmax(feature_map, omega, q, k, v):
@@ -83,7 +88,8 @@ def softmax(feature_map, omega, q, k, v):
   return jax.nn.dot_product_attention(q, k, v)
 
 
-IMPLS = {'materialized': materialized, 'fused': fused, 'softmax': softmax}
+IMPLS = {'materialized': materialized, 'fused': fused,
+         'pallas': functools.partial(fused, implementation='pallas'), 'softmax': softmax}
 
 
 def peak_mb():
@@ -113,6 +119,9 @@ def particles(key, learned):
 
 def main(argv):
   del argv
+  unknown = sorted(set(_IMPLS.value) - set(IMPLS))
+  if unknown:
+    raise ValueError(f'--impls: unknown {unknown}; known: {sorted(IMPLS)}.')
   key = jax.random.key(0)
   os.makedirs(_OUT.value, exist_ok=True)
   sets = {'vanilla': particles(jax.random.fold_in(key, 1), False)}
@@ -155,29 +164,29 @@ def main(argv):
               f.write(json.dumps(row) + '\n')
 
   index = {(r['impl'], r['feature_map'], r['particles'], r['dtype'], r['L']): r for r in rows}
-  num = lambda r, f, p=2: '–' if r is None or r[f] is None else f'{r[f]:.{p}f}'
-  lines = ['| dtype | map | L | materialized fwd / fwd+bwd (ms) | fused fwd / fwd+bwd (ms) | '
-           'softmax fwd / fwd+bwd (ms) | temp MB mat. / fused / softmax | learned ÷ vanilla '
-           '(fwd+bwd) |', '|---|---|---|---|---|---|---|---|']
+  num = lambda r, f, p=2: '–' if r is None or r.get(f) is None else f'{r[f]:.{p}f}'
+  impls = list(_IMPLS.value)
+  kernel_impls = [i for i in impls if i != 'softmax']
+  lines = ['| dtype | map | L | ' + ' | '.join(f'{i} fwd / fwd+bwd (ms)' for i in impls)
+           + ' | temp MB ' + ' / '.join(impls) + ' | learned ÷ vanilla (fwd+bwd) '
+           + ' / '.join(kernel_impls) + ' |', '|---' * (len(impls) + 5) + '|']
   for dtype in _DTYPES.value:
     for fmap in _MAPS.value:
       for length in map(int, _LENGTHS.value):
-        mat = index.get(('materialized', fmap, 'vanilla', dtype, length))
-        fus = index.get(('fused', fmap, 'vanilla', dtype, length))
-        soft = index.get(('softmax', '-', 'vanilla', dtype, length))
+        get = lambda i, kind='vanilla': index.get(
+            (i, '-' if i == 'softmax' else fmap, kind, dtype, length))
         ratios = []
-        for impl in ('materialized', 'fused'):
-          lr = index.get((impl, fmap, 'learned', dtype, length))
-          va = index.get((impl, fmap, 'vanilla', dtype, length))
+        for impl in kernel_impls:
+          lr, va = get(impl, 'learned'), get(impl)
           if lr and va and lr['forward_backward_ms'] and va['forward_backward_ms']:
             ratios.append(f"{lr['forward_backward_ms'] / va['forward_backward_ms']:.3f}")
-        lines.append(
-            f'| {dtype} | {fmap} | {length} | {num(mat, "forward_ms")} / '
-            f'{num(mat, "forward_backward_ms")} | {num(fus, "forward_ms")} / '
-            f'{num(fus, "forward_backward_ms")} | {num(soft, "forward_ms")} / '
-            f'{num(soft, "forward_backward_ms")} | {num(mat, "temp_mb", 0)} / '
-            f'{num(fus, "temp_mb", 0)} / {num(soft, "temp_mb", 0)} | '
-            f'{" / ".join(ratios) or "–"} |')
+          else:
+            ratios.append('–')
+        times = ' | '.join(f'{num(get(i), "forward_ms")} / {num(get(i), "forward_backward_ms")}'
+                           for i in impls)
+        mem = ' / '.join(num(get(i), 'temp_mb', 0) for i in impls)
+        lines.append(f'| {dtype} | {fmap} | {length} | {times} | {mem} | '
+                     f'{" / ".join(ratios)} |')
   table = '\n'.join(lines)
   print(table)
   flag_text = ' '.join(f'--{f.name}={",".join(f.value) if isinstance(f.value, list) else f.value}'
@@ -194,8 +203,7 @@ def main(argv):
       f"# Kernel attention vs softmax attention\n\nCommand: `{record['command']}`  \n"
       f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
       f"Machine: {json.dumps(record['machine'])}  \n"
-      f'B={_BATCH.value}, H={_HEADS.value}, D={_HEAD_DIM.value}, M={_FEATURES.value}; '
-      f'learned ÷ vanilla: materialized / fused\n\n{table}\n')
+      f'B={_BATCH.value}, H={_HEADS.value}, D={_HEAD_DIM.value}, M={_FEATURES.value}.\n\n{table}\n')
 
 
 if __name__ == '__main__':

@@ -30,7 +30,7 @@ if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
   TEST_PLATFORMS=cpu
   LENGTHS=256,1024; SOFTMAX_MAX=1024; CHUNK=256; REPEATS=1
   PA_ARGS="--n=64,256 --num_features=64 --lengths=32 --repeats=1"
-  TESTS="tests/test_attention.py"
+  TESTS="tests/test_attention.py tests/test_pallas_attention.py"
 else
   # Softmax stops at 16k: XLA's dot_product_attention materialises B·H·L² logits
   # (128 GiB in f32 at 64k) unless the cuDNN path is taken.
@@ -38,7 +38,7 @@ else
   TEST_PLATFORMS=cuda,cpu
   LENGTHS=1024,4096,16384,65536,262144; SOFTMAX_MAX=16384; CHUNK=4096; REPEATS=5
   PA_ARGS="--repeats=3 --n=64,1024 --num_features=256"
-  TESTS="tests/test_attention.py tests/test_models.py tests/test_training.py tests/test_langevin.py"
+  TESTS="tests/test_attention.py tests/test_pallas_attention.py tests/test_models.py tests/test_training.py tests/test_langevin.py"
 fi
 
 status=0
@@ -51,7 +51,7 @@ JAX_PLATFORMS=$TEST_PLATFORMS timeout 120 $PY -m pytest -q -x -p no:cacheprovide
 #    materialized; rows also stream to $OUT/attention_rows.jsonl in case of the timeout.
 timeout 150 $PY -m benchmarks.attention --out="$OUT" --lengths=$LENGTHS \
     --softmax_max_len=$SOFTMAX_MAX --chunk_size=$CHUNK --repeats=$REPEATS \
-    --dtypes=bfloat16 --feature_maps=favor 2>&1 | tail -n 30 || status=1
+    --dtypes=bfloat16 --feature_maps=favor --impls=materialized,fused,pallas,softmax 2>&1 | tail -n 30 || status=1
 # 3. Phase A cost against Phase B.
 timeout 60 $PY -m benchmarks.phase_a --out="$OUT" $PA_ARGS 2>&1 | tail -n 20 || status=1
 ls -l "$OUT"

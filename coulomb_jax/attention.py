@@ -26,6 +26,9 @@ from coulomb_jax import _checks
 DEFAULT_EPS = 1e-6
 """Guard of the attention denominator: max(φ(q)ᵀΣφ(k), eps)."""
 
+IMPLEMENTATIONS = ('auto', 'xla', 'pallas')
+"""``fused_linear_attention``'s paths (see its docstring)."""
+
 
 def _check(q_feat, k_feat, v, key_mask):
   for name, a in (('q_feat', q_feat), ('k_feat', k_feat), ('v', v)):
@@ -125,9 +128,27 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
   return out[:, :length]
 
 
+def check_fused_inputs(q, k, v, omega, key_mask, feature_map, maps) -> None:
+  """One clear error for bad inputs of the fused paths (shapes as in their docstrings)."""
+  for name, a in (('q', q), ('k', k), ('v', v)):
+    _checks.check_rank(name, a, 4)
+  _checks.check_rank('omega', omega, 3)
+  if q.shape != k.shape or v.shape[:3] != q.shape[:3]:
+    raise ValueError(f'q, k must be [B, L, H, d] and v [B, L, H, D] with the same [B, L, H], '
+                     f'got {q.shape}, {k.shape} and {v.shape}.')
+  b, length, h, dim = q.shape
+  if omega.shape[0] != h or omega.shape[2] != dim:
+    raise ValueError(f'omega must be [H, M, d] = [{h}, M, {dim}], got {omega.shape}.')
+  if feature_map not in maps:
+    raise ValueError(f'feature_map must be one of {tuple(maps)}, got {feature_map!r}.')
+  if key_mask is not None and key_mask.shape != (b, length):
+    raise ValueError(f'key_mask must have shape [B, L] = {(b, length)}, got {key_mask.shape}.')
+
+
 def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.Array, *,
                            feature_map: str = 'favor', key_mask: Optional[jax.Array] = None,
-                           chunk_size: int = 1024, eps: float = DEFAULT_EPS) -> jax.Array:
+                           chunk_size: int = 1024, eps: float = DEFAULT_EPS,
+                           implementation: str = 'auto') -> jax.Array:
   r"""Bidirectional linear attention that never stores the ``[B, L, H, M]`` features.
 
   Same result as ``linear_attention(φ(q), φ(k), v, key_mask)`` with φ the
@@ -155,27 +176,30 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
     key_mask: optional ``[B, L]`` bool, True for real tokens.
     chunk_size: C ≥ 1; L need not be a multiple of it.
     eps: denominator guard.
+    implementation: ``'xla'`` (the chunked path above), ``'pallas'``
+      (``pallas_attention.pallas_linear_attention``: two GPU kernels for the
+      forward pass, interpret mode elsewhere; ``chunk_size`` unused) or
+      ``'auto'``: the kernels where ``pallas_attention.use_by_default`` says
+      so (a single-device GPU, a supported map and shape, kernels that
+      compile), else ``'xla'``.
   """
   from coulomb_jax import features  # pylint: disable=g-import-not-at-top
-  for name, a in (('q', q), ('k', k), ('v', v)):
-    _checks.check_rank(name, a, 4)
-  _checks.check_rank('omega', omega, 3)
-  if q.shape != k.shape or v.shape[:3] != q.shape[:3]:
-    raise ValueError(f'q, k must be [B, L, H, d] and v [B, L, H, D] with the same [B, L, H], '
-                     f'got {q.shape}, {k.shape} and {v.shape}.')
-  if omega.shape[0] != q.shape[2] or omega.shape[2] != q.shape[3]:
-    raise ValueError(f'omega must be [H, M, d] = [{q.shape[2]}, M, {q.shape[3]}], got '
-                     f'{omega.shape}.')
-  if feature_map not in features.ATTENTION_FEATURE_MAPS:
-    raise ValueError(f'feature_map must be one of {features.ATTENTION_FEATURE_MAPS}, got '
-                     f'{feature_map!r}.')
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f'implementation must be one of {IMPLEMENTATIONS}, got '
+                     f'{implementation!r}.')
+  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
   chunk = _checks.check_int('chunk_size', chunk_size, 1)
   b, length, h, dim = q.shape
   d_v, out_dtype = v.shape[-1], v.dtype
+  if implementation == 'pallas' or (implementation == 'auto'
+                                    and jax.default_backend() == 'gpu'):
+    from coulomb_jax import pallas_attention  # pylint: disable=g-import-not-at-top
+    if implementation == 'pallas' or pallas_attention.use_by_default(q, k, v, omega,
+                                                                    feature_map, key_mask):
+      return pallas_attention.pallas_linear_attention(q, k, v, omega, feature_map=feature_map,
+                                                      key_mask=key_mask, eps=eps)
   if key_mask is None:
     key_mask = jnp.ones((b, length), bool)
-  elif key_mask.shape != (b, length):
-    raise ValueError(f'key_mask must have shape [B, L] = {(b, length)}, got {key_mask.shape}.')
   chunk = min(chunk, length)
   pad = (-length) % chunk
   dtype = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)

@@ -1,0 +1,345 @@
+r"""Bidirectional linear attention as two Pallas kernels (GPU; interpret mode elsewhere).
+
+``pallas_linear_attention(q, k, v, omega, ...)`` computes the same thing as
+``attention.fused_linear_attention`` (φ = the per-head feature map of the
+particles ``omega``, never stored for all L) but as two kernels, so that on a
+GPU every feature block lives in registers / shared memory and only q, k, v,
+the output and the small ``[F, D]`` states cross HBM:
+
+1. **keys** (grid ``[B, H, S, F/F_b]``): program (b, h, s, f) walks its split s
+   of the keys in blocks of C_k rows, computes φ_f(k) ``[C_k, F_b]`` for its
+   feature block f and accumulates the partial state
+
+   .. math:: S_{s,f} = \sum_{j ∈ s} φ_f(k_j) v_jᵀ  \;[F_b, D],\qquad
+             z_{s,f} = \sum_{j ∈ s} φ_f(k_j) \;[F_b].
+
+   For ``favor`` the exponent is shifted by an online max m_{s,f} (rescaling
+   S and z when a block raises it, as in flash attention); the partials are
+   then combined in JAX with the factors e^{m_{s,f} − max m}, so the final
+   shift is the max over all real keys of (b, h): exactly the unfused one.
+2. **queries** (grid ``[B, H, L/C_q]``): out = φ(q) S / max(φ(q)ᵀ z, eps),
+   walking the feature blocks with an online per-row max for ``favor`` (the
+   row shift cancels between numerator and denominator).
+
+Splitting the keys over S programs gives the GPU B·H·S·F/F_b programs even for
+small B·H. HBM traffic: q, k, v read once, the output written once, plus the
+partial states ``[B, H, S, F, D]`` (small next to q, k, v at long L).
+
+Supported maps: ``PALLAS_FEATURE_MAPS`` (all the paper's maps except
+``softmaxfeat``, whose per-row softmax couples every feature block; use the
+XLA path for it). There is no backward kernel: under differentiation a
+``jax.custom_vjp`` runs ``fused_linear_attention``'s XLA path forward and
+backward, so gradients (and training cost) are the reference path's and the
+kernels serve the forward passes of inference and evaluation.
+
+Written against the Triton backend of ``jax.experimental.pallas``. On a CPU
+(tests) the kernels run in Pallas interpret mode, with float32 dots.
+"""
+
+import functools
+import logging
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from coulomb_jax import _checks
+from coulomb_jax import attention
+
+PALLAS_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'porf_softplus')
+"""The maps ``pallas_linear_attention`` computes inside its kernels."""
+
+_NEG = -1e30  # Finite "minus infinity" for masked logits and empty running maxima.
+
+
+def _dot(a, b, trans_a=False, trans_b=False):
+  """2-D a @ b (either side transposed) accumulated in float32."""
+  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+  return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def _softplus(s):
+  return jnp.maximum(s, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(s)))
+
+
+def _psi(name, s, half_sq_norm, shift):
+  """ψ(s) of ``features.<name>`` in float32 (before the 1/√M); ``shift``: favor's m."""
+  if name == 'favor':
+    return jnp.exp(s - half_sq_norm - shift)
+  if name == 'elu':
+    return jnp.where(s > 0, s + 1.0, jnp.exp(jnp.minimum(s, 0.0)))
+  if name == 'softplus':
+    return _softplus(s)
+  if name == 'sigmoid2':
+    sig = 1.0 / (1.0 + jnp.exp(-s))
+    return sig * sig
+  if name == 'cos2':
+    c = jnp.cos(s)
+    return c * c
+  if name == 'porf_softplus':
+    return _softplus(s - half_sq_norm)
+  raise ValueError(f'feature_map: {name!r} has no Pallas kernel; use one of '
+                   f'{PALLAS_FEATURE_MAPS}.')
+
+
+def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
+                block_k, num_blocks, scale):
+  """One (b, h, split, feature block): partial S [F_b, D], z [F_b] and its shift m."""
+  omega = omega_ref[...]                                   # [F_b, d]
+  f_b, d_v = omega.shape[0], v_ref.shape[-1]
+
+  def body(i, carry):
+    acc, z, m = carry
+    rows = pl.ds(i * block_k, block_k)
+    k = k_ref[rows, :]                                     # [C_k, d]
+    v = v_ref[rows, :]                                     # [C_k, D]
+    keep = mask_ref[rows] > 0                              # [C_k]
+    s = _dot(k, omega, trans_b=True)                  # [C_k, F_b] float32
+    kf = k.astype(jnp.float32)
+    half = 0.5 * jnp.sum(kf * kf, axis=1, keepdims=True)   # [C_k, 1]
+    if name == 'favor':
+      logits = jnp.where(keep[:, None], s - half, _NEG)
+      m_new = jnp.maximum(m, jnp.max(logits))
+      acc, z = acc * jnp.exp(m - m_new), z * jnp.exp(m - m_new)
+      phi = jnp.exp(logits - m_new)                       # masked rows: exp(−1e30) = 0
+    else:
+      m_new = m
+      phi = jnp.where(keep[:, None], _psi(name, s, half, 0.0), 0.0)
+    phi = phi * scale
+    v = jnp.where(keep[:, None], v, 0).astype(v.dtype)   # never read padded values
+    acc = acc + _dot(phi.astype(v.dtype), v, trans_a=True)
+    z = z + jnp.sum(phi, axis=0)
+    return acc, z, m_new
+
+  init = (jnp.zeros((f_b, d_v), jnp.float32), jnp.zeros((f_b,), jnp.float32),
+          jnp.float32(_NEG if name == 'favor' else 0.0))
+  acc, z, m = jax.lax.fori_loop(0, num_blocks, body, init)
+  s_ref[...] = acc
+  z_ref[...] = z
+  m_ref[...] = jnp.full((f_b,), m, jnp.float32)
+
+
+def _query_kernel(q_ref, omega_ref, s_ref, z_ref, o_ref, *, name, block_f, num_blocks,
+                  scale, eps):
+  """One (b, h, query block): out = φ(q) S / max(φ(q)ᵀ z, eps), [C_q, D]."""
+  q = q_ref[...]                                           # [C_q, d]
+  c_q, d_v = q.shape[0], s_ref.shape[-1]
+  qf = q.astype(jnp.float32)
+  half = 0.5 * jnp.sum(qf * qf, axis=1, keepdims=True)     # [C_q, 1]
+
+  def body(i, carry):
+    num, den, m = carry                                    # [C_q, D], [C_q], [C_q]
+    feats = pl.ds(i * block_f, block_f)
+    omega = omega_ref[feats, :]                            # [F_b, d]
+    s_blk = s_ref[feats, :]                                # [F_b, D] float32
+    z_blk = z_ref[feats]                                   # [F_b]
+    s = _dot(q, omega, trans_b=True)                  # [C_q, F_b]
+    if name == 'favor':
+      logits = s - half
+      m_new = jnp.maximum(m, jnp.max(logits, axis=1))
+      rescale = jnp.exp(m - m_new)
+      num, den = num * rescale[:, None], den * rescale
+      phi = jnp.exp(logits - m_new[:, None])
+    else:
+      m_new = m
+      phi = _psi(name, s, half, 0.0)
+    phi = phi * scale
+    num = num + _dot(phi, s_blk)
+    den = den + jnp.sum(phi * z_blk[None, :], axis=1)
+    return num, den, m_new
+
+  init = (jnp.zeros((c_q, d_v), jnp.float32), jnp.zeros((c_q,), jnp.float32),
+          jnp.full((c_q,), _NEG if name == 'favor' else 0.0, jnp.float32))
+  num, den, _ = jax.lax.fori_loop(0, num_blocks, body, init)
+  o_ref[...] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
+
+
+def _pad_rows(a, length):
+  pad = length - a.shape[1]
+  if not pad:
+    return a
+  return jnp.pad(a, ((0, 0), (0, pad)) + ((0, 0),) * (a.ndim - 2))
+
+
+def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_splits, eps,
+             interpret, num_warps, num_stages):
+  b, length, h, dim = q.shape
+  d_v, num_features = v.shape[-1], omega.shape[1]
+  out_dtype = v.dtype
+  if interpret:  # XLA's CPU backend has no bf16 × bf16 → f32 dot.
+    q, k, v = (a.astype(jnp.promote_types(a.dtype, jnp.float32)) for a in (q, k, v))
+  omega = omega.astype(q.dtype)
+  scale = 1.0 / math.sqrt(num_features)
+  params = dict(compiler_params=plgpu.CompilerParams(num_warps=num_warps,
+                                                     num_stages=num_stages),
+                interpret=interpret)
+
+  # Keys: split L into num_splits ranges of a whole number of C_k blocks.
+  blocks_per_split = pl.cdiv(pl.cdiv(length, block_k), num_splits)
+  split_len = blocks_per_split * block_k
+  mask = jnp.ones((b, length), jnp.int32) if key_mask is None else key_mask.astype(jnp.int32)
+  k_p, v_p, mask_p = (_pad_rows(a, num_splits * split_len) for a in (k, v, mask))
+  n_f = num_features // block_f
+  part = lambda *shape: jax.ShapeDtypeStruct((b, h, num_splits) + shape, jnp.float32)
+  s_part, z_part, m_part = pl.pallas_call(
+      functools.partial(_key_kernel, name=name, block_k=block_k,
+                        num_blocks=blocks_per_split, scale=scale),
+      grid=(b, h, num_splits, n_f),
+      in_specs=[
+          pl.BlockSpec((None, split_len, None, dim), lambda i, j, s, f: (i, s, j, 0)),
+          pl.BlockSpec((None, split_len, None, d_v), lambda i, j, s, f: (i, s, j, 0)),
+          pl.BlockSpec((None, split_len), lambda i, j, s, f: (i, s)),
+          pl.BlockSpec((None, block_f, dim), lambda i, j, s, f: (j, f, 0)),
+      ],
+      out_specs=[
+          pl.BlockSpec((None, None, None, block_f, d_v), lambda i, j, s, f: (i, j, s, f, 0)),
+          pl.BlockSpec((None, None, None, block_f), lambda i, j, s, f: (i, j, s, f)),
+          pl.BlockSpec((None, None, None, block_f), lambda i, j, s, f: (i, j, s, f)),
+      ],
+      out_shape=[part(num_features, d_v), part(num_features), part(num_features)],
+      **params)(k_p, v_p, mask_p, omega)
+  # Combine the partials on one shift per (b, h): the max over splits and blocks.
+  m = jnp.max(m_part, axis=(2, 3), keepdims=True)                 # [B, H, 1, 1]
+  w = jnp.exp(m_part - m)                                         # [B, H, S, F]
+  state = jnp.einsum('bhsf,bhsfd->bhfd', w, s_part)               # [B, H, F, D]
+  norm = jnp.sum(w * z_part, axis=2)                              # [B, H, F]
+
+  # Queries.
+  q_len = pl.cdiv(length, block_q) * block_q
+  out = pl.pallas_call(
+      functools.partial(_query_kernel, name=name, block_f=block_f, num_blocks=n_f,
+                        scale=scale, eps=eps),
+      grid=(b, h, q_len // block_q),
+      in_specs=[
+          pl.BlockSpec((None, block_q, None, dim), lambda i, j, c: (i, c, j, 0)),
+          pl.BlockSpec((None, num_features, dim), lambda i, j, c: (j, 0, 0)),
+          pl.BlockSpec((None, None, num_features, d_v), lambda i, j, c: (i, j, 0, 0)),
+          pl.BlockSpec((None, None, num_features), lambda i, j, c: (i, j, 0)),
+      ],
+      out_specs=pl.BlockSpec((None, block_q, None, d_v), lambda i, j, c: (i, c, j, 0)),
+      out_shape=jax.ShapeDtypeStruct((b, q_len, h, d_v), out_dtype),
+      **params)(_pad_rows(q, q_len), omega, state.astype(jnp.float32), norm)
+  return out[:, :length]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attend(q, k, v, omega, key_mask, options):
+  return _forward(q, k, v, omega, key_mask, **dict(options))
+
+
+def _reference(q, k, v, omega, key_mask, options):
+  opts = dict(options)
+  return attention.fused_linear_attention(q, k, v, omega, feature_map=opts['name'],
+                                          key_mask=key_mask, eps=opts['eps'],
+                                          implementation='xla')
+
+
+def _attend_fwd(q, k, v, omega, key_mask, options):
+  # Under differentiation the XLA path runs forward and backward: the kernels
+  # have no backward, and recomputing would cost more than it saves.
+  out, pullback = jax.vjp(lambda *a: _reference(*a, key_mask, options), q, k, v, omega)
+  return out, pullback
+
+
+def _attend_bwd(options, pullback, g):
+  del options
+  return tuple(pullback(g)) + (None,)
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def _power_of_two(name, value):
+  value = _checks.check_int(name, value, 1)
+  if value & (value - 1):
+    raise ValueError(f'{name} must be a power of two (Triton block shapes), got {value}.')
+  return value
+
+
+def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.Array, *,
+                            feature_map: str = 'favor', key_mask: Optional[jax.Array] = None,
+                            block_q: int = 64, block_k: int = 64, block_f: Optional[int] = None,
+                            num_splits: Optional[int] = None,
+                            eps: float = attention.DEFAULT_EPS,
+                            interpret: Optional[bool] = None, num_warps: int = 4,
+                            num_stages: int = 2) -> jax.Array:
+  r"""``fused_linear_attention``'s result from two Pallas kernels, ``[B, L, H, D]``.
+
+  Args:
+    q, k: ``[B, L, H, d]`` queries and keys, already scaled; v: ``[B, L, H, D]``.
+    omega: ``[H, M, d]`` particles, one set per head.
+    feature_map: a name in ``PALLAS_FEATURE_MAPS``.
+    key_mask: optional ``[B, L]`` bool, True for real tokens.
+    block_q, block_k: rows of queries / keys per block (powers of two; L need
+      not be a multiple: the tail is padded and masked).
+    block_f: features per block; a power of two dividing M (default:
+      gcd(M, 64), the largest such power up to 64).
+    num_splits: key splits S per (b, h) (default: one per 4096 keys, at most
+      64), so that the key kernel has B·H·S·M/F_b programs.
+    eps: denominator guard.
+    interpret: run the kernels in Pallas interpret mode (default: True unless
+      the default backend is a GPU).
+    num_warps, num_stages: Triton launch parameters.
+  """
+  attention.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
+  length = q.shape[1]
+  if block_f is None:
+    block_f = math.gcd(omega.shape[1], 64)
+  block_q, block_k, block_f = (_power_of_two(n, x) for n, x in
+                               (('block_q', block_q), ('block_k', block_k),
+                                ('block_f', block_f)))
+  if omega.shape[1] % block_f:
+    raise ValueError(f'block_f must divide the number of particles M = {omega.shape[1]}, '
+                     f'got {block_f}.')
+  if num_splits is None:
+    num_splits = min(64, pl.cdiv(length, 4096))
+  num_splits = _checks.check_int('num_splits', num_splits, 1)
+  if interpret is None:
+    interpret = jax.default_backend() != 'gpu'
+  options = (('name', feature_map), ('block_q', block_q), ('block_k', block_k),
+             ('block_f', block_f), ('num_splits', num_splits), ('eps', float(eps)),
+             ('interpret', bool(interpret)), ('num_warps', num_warps),
+             ('num_stages', num_stages))
+  return _attend(q, k, v, omega, key_mask, options)
+
+
+def _shape_supported(q_shape, v_shape, omega_shape, feature_map) -> bool:
+  """Whether the default blocks fit: Triton dots need power-of-two sides ≥ 16."""
+  pow2 = lambda x: x >= 16 and not x & (x - 1)
+  return (feature_map in PALLAS_FEATURE_MAPS and pow2(q_shape[-1]) and pow2(v_shape[-1])
+          and omega_shape[1] % 64 == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiles(q, k, v, omega, key_mask, feature_map, interpret) -> bool:
+  """Whether the kernels lower and compile for these ``ShapeDtypeStruct``s (cached)."""
+  fn = functools.partial(pallas_linear_attention, feature_map=feature_map,
+                         interpret=interpret)
+  try:
+    jax.jit(fn).lower(q, k, v, omega, key_mask=key_mask).compile()
+    return True
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('pallas_linear_attention does not compile for %s (%s: %s); using the '
+                    'XLA path.', (q, feature_map), type(e).__name__, e)
+    return False
+
+
+def use_by_default(q, k, v, omega, feature_map, key_mask=None, *, interpret=False) -> bool:
+  """Whether ``fused_linear_attention(implementation='auto')`` takes the kernels.
+
+  True on a single-device GPU process for a supported map and shape whose
+  kernels compile (tried once per shape, then cached; a failure logs a warning
+  and keeps the XLA path). Several devices keep the XLA path: a ``pallas_call``
+  is not split by XLA's SPMD partitioner (wrap this module's function in
+  ``shard_map`` to use it per device). ``interpret`` only exists for tests.
+  """
+  if not interpret and (jax.default_backend() != 'gpu' or jax.device_count() != 1):
+    return False
+  if not _shape_supported(q.shape, v.shape, omega.shape, feature_map):
+    return False
+  spec = lambda a: None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
+  return _compiles(spec(q), spec(k), spec(v), spec(omega), spec(key_mask), feature_map,
+                   interpret)

@@ -1,0 +1,148 @@
+"""Tests of coulomb_jax.pallas_attention: interpret mode on CPU, the kernels on a GPU.
+
+The kernels are checked against the XLA path (``fused_linear_attention(...,
+implementation='xla')``, itself checked against the explicit O(L²) form in
+test_attention.py) with a sequence length that is not a multiple of any
+block, several key splits and feature blocks, and a padded batch row.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from coulomb_jax import attention
+from coulomb_jax import pallas_attention as pa
+
+B, L, H, DIM, D, M = 2, 45, 2, 16, 16, 32   # Sides ≥ 16: Triton's smallest dot.
+BLOCKS = dict(block_q=16, block_k=16, block_f=16, num_splits=2)
+ON_GPU = jax.default_backend() == 'gpu'
+
+
+def _inputs(key, length=L, scale=0.5):
+  kq, kk, kv, ko = jax.random.split(key, 4)
+  q = scale * jax.random.normal(kq, (B, length, H, DIM))
+  k = scale * jax.random.normal(kk, (B, length, H, DIM))
+  v = jax.random.normal(kv, (B, length, H, D))
+  omega = jax.random.normal(ko, (H, M, DIM))
+  mask = jnp.arange(length)[None, :] < jnp.array([[length], [length - 17]])
+  return q, k, v, omega, mask
+
+
+def _xla(q, k, v, omega, mask, name):
+  return attention.fused_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask,
+                                          chunk_size=16, implementation='xla')
+
+
+@pytest.mark.parametrize('name', pa.PALLAS_FEATURE_MAPS)
+def test_kernels_equal_xla_path(name):
+  q, k, v, omega, mask = _inputs(jax.random.key(0))
+  out = pa.pallas_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask, **BLOCKS)
+  np.testing.assert_allclose(out, _xla(q, k, v, omega, mask, name), rtol=2e-5, atol=2e-6)
+
+
+def test_favor_large_logits_stay_finite_and_exact():
+  # Exponents up to ~±60: exp overflows float32 without the shared shift; the
+  # splits' online maxima differ, so the combination across splits is exercised.
+  q, k, v, omega, mask = _inputs(jax.random.key(1), scale=3.0)
+  out = pa.pallas_linear_attention(q, k, v, omega, key_mask=mask, **BLOCKS)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_allclose(out, _xla(q, k, v, omega, mask, 'favor'), rtol=1e-4, atol=1e-5)
+
+
+def test_padding_changes_nothing_and_nan_padding_is_not_read():
+  q, k, v, omega, _ = _inputs(jax.random.key(2))
+  mask = jnp.ones((B, L), bool)
+  ref = pa.pallas_linear_attention(q, k, v, omega, key_mask=mask, **BLOCKS)
+  extra = 7
+  pad = lambda a, value: jnp.concatenate(
+      [a, jnp.full((B, extra) + a.shape[2:], value, a.dtype)], axis=1)
+  out = pa.pallas_linear_attention(pad(q, 0.0), pad(k, 3.0), pad(v, jnp.nan), omega,
+                                   key_mask=pad(mask, False), **BLOCKS)
+  np.testing.assert_allclose(out[:, :L], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_without_real_keys_gives_zeros():
+  q, k, v, omega, _ = _inputs(jax.random.key(3))
+  mask = jnp.arange(L)[None, :] < jnp.array([[L], [0]])
+  out = pa.pallas_linear_attention(q, k, v, omega, key_mask=mask, **BLOCKS)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_array_equal(out[1], 0.0)
+
+
+def test_gradients_are_the_xla_paths():
+  q, k, v, omega, mask = _inputs(jax.random.key(4))
+  w = jax.random.normal(jax.random.key(5), (B, L, H, D))
+  loss = lambda fn: lambda *a: jnp.sum(w * fn(*a))
+  pallas = functools.partial(pa.pallas_linear_attention, feature_map='favor', key_mask=mask,
+                             **BLOCKS)
+  xla = lambda *a: attention.fused_linear_attention(*a, key_mask=mask, implementation='xla')
+  got = jax.grad(loss(pallas), argnums=(0, 1, 2, 3))(q, k, v, omega)
+  want = jax.grad(loss(xla), argnums=(0, 1, 2, 3))(q, k, v, omega)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)
+
+
+def test_bf16_inputs_no_nan():
+  q, k, v, omega, mask = _inputs(jax.random.key(6), scale=2.0)
+  bf = lambda a: a.astype(jnp.bfloat16)
+  out = pa.pallas_linear_attention(bf(q), bf(k), bf(v), omega, key_mask=mask, **BLOCKS)
+  assert out.dtype == jnp.bfloat16
+  assert not np.any(np.isnan(np.asarray(out, np.float32)))
+  # Against float32 on the same (bf16-rounded) inputs: what is left is the kernels' bf16.
+  f32 = lambda a: bf(a).astype(jnp.float32)
+  ref = _xla(f32(q), f32(k), f32(v), omega, mask, 'favor')
+  np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=0.05, atol=0.05)
+
+
+def test_fused_linear_attention_dispatch():
+  q, k, v, omega, mask = _inputs(jax.random.key(7))
+  ref = _xla(q, k, v, omega, mask, 'elu')
+  via = attention.fused_linear_attention(q, k, v, omega, feature_map='elu', key_mask=mask,
+                                         implementation='pallas')
+  np.testing.assert_allclose(via, ref, rtol=2e-5, atol=2e-6)
+  auto = attention.fused_linear_attention(q, k, v, omega, feature_map='elu', key_mask=mask,
+                                          chunk_size=16)
+  if ON_GPU:
+    np.testing.assert_allclose(auto, ref, rtol=2e-5, atol=2e-6)
+  else:
+    np.testing.assert_array_equal(auto, ref)  # 'auto' on a CPU is the XLA path itself.
+  with pytest.raises(ValueError, match="implementation.*'triton'"):
+    attention.fused_linear_attention(q, k, v, omega, implementation='triton')
+
+
+def test_use_by_default():
+  x, v = jnp.zeros((B, 32, H, 16)), jnp.zeros((B, 32, H, 16))
+  omega = jnp.zeros((H, 64, 16))
+  # Not interpreted: only on a one-device GPU, where the kernels must compile.
+  assert pa.use_by_default(x, x, v, omega, 'favor') == (ON_GPU and jax.device_count() == 1)
+  assert pa.use_by_default(x, x, v, omega, 'favor', interpret=True)
+  assert not pa.use_by_default(x, x, v, omega, 'softmaxfeat', interpret=True)
+  assert not pa.use_by_default(x, x, v, omega[:, :32], 'favor', interpret=True)   # M = 32
+  assert not pa.use_by_default(x[..., :8], x[..., :8], v, omega[..., :8], 'favor',
+                               interpret=True)                                  # d = 8
+
+
+def test_use_by_default_falls_back_when_compiling_fails(monkeypatch):
+  def broken(*args, **kwargs):
+    raise NotImplementedError('no lowering for this op')
+  monkeypatch.setattr(pa, '_forward', broken)
+  pa._compiles.cache_clear()
+  x, v, omega = jnp.zeros((1, 16, 1, 16)), jnp.zeros((1, 16, 1, 32)), jnp.zeros((1, 64, 16))
+  assert not pa.use_by_default(x, x, v, omega, 'cos2', interpret=True)
+  pa._compiles.cache_clear()
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(feature_map='softmaxfeat'), 'feature_map'),
+    (dict(block_q=24), 'block_q must be a power of two'),
+    (dict(block_f=64), 'block_f must divide'),
+    (dict(num_splits=0), 'num_splits'),
+    (dict(key_mask=jnp.ones((B, L + 1), bool)), 'key_mask'),
+])
+def test_bad_input(kwargs, match):
+  q, k, v, omega, _ = _inputs(jax.random.key(9))
+  with pytest.raises(ValueError, match=match):
+    pa.pallas_linear_attention(q, k, v, omega, **kwargs)
