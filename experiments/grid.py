@@ -1,4 +1,4 @@
-r"""Runs a grid of ``experiments.train`` runs (variants × seeds), one process each.
+r"""Runs a grid of ``experiments.train`` runs (datasets × variants × seeds), one process each.
 
   python -m experiments.grid --dataset=rotten_tomatoes --seeds=0,1,2 --workdir=workdir/grid \
       -- --config.phase_b.num_epochs=5
@@ -8,6 +8,14 @@ Finished runs (``results.json`` present) are skipped and interrupted ones
 resume from their checkpoint, so the same command continues a grid in a later
 session. Arguments after ``--`` are passed to every run (config overrides).
 ``experiments/report.py`` turns the results into tables.
+
+Runs start in order seed, dataset, variant (all of seed 0 first), ``--jobs`` at
+a time (several runs share one GPU well: the paper-sized model is far too small
+to fill one). ``--no_new_runs_after_s`` stops starting runs after that many
+seconds and ``--kill_after_s`` ends the runs still going (they keep their last
+checkpoint), so a grid fits a fixed lease; see ``experiments/gpu_grid.sh``.
+After a failed run no new run starts; the command exits non-zero once the
+others have ended.
 """
 
 import os
@@ -29,38 +37,91 @@ def run_dir(workdir, dataset, variant, seed):
   return os.path.join(workdir, dataset, variant, f'seed{seed}')
 
 
+def plan(datasets, variants, seeds, workdir):
+  """``[(dataset, variant, seed, run_dir)]`` of the runs without ``results.json``, in order."""
+  runs = []
+  for seed in seeds:
+    for dataset in datasets:
+      for variant in variants:
+        out = run_dir(workdir, dataset, variant, seed)
+        if os.path.exists(os.path.join(out, 'results.json')):
+          logging.info('done already: %s', out)
+        else:
+          runs.append((dataset, variant, seed, out))
+  return runs
+
+
+def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
+  """Runs ``[(run_dir, command)]`` in order, ``jobs`` at a time; returns the failed dirs.
+
+  Each command's output goes to ``<run_dir>/log.txt``. Limits in seconds from
+  the call, 0 for none: no start after ``no_new_runs_after_s``; the runs still
+  going at ``kill_after_s`` are terminated (not counted as failed). After a
+  failure no run starts.
+  """
+  todo, running, failed = list(runs), {}, []
+  begin = time.time()
+  while todo or running:
+    elapsed = time.time() - begin
+    may_start = not failed and not (no_new_runs_after_s and elapsed > no_new_runs_after_s)
+    while todo and may_start and len(running) < jobs:
+      out, cmd = todo.pop(0)
+      os.makedirs(out, exist_ok=True)
+      logging.info('running: %s', ' '.join(cmd))
+      log = open(os.path.join(out, 'log.txt'), 'a')  # pylint: disable=consider-using-with
+      running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)] = (out, time.time(),
+                                                                              log)
+    if todo and not may_start:
+      logging.warning('%d run(s) not started: %s', len(todo), [out for out, _ in todo])
+      todo = []
+    killing = bool(kill_after_s) and elapsed > kill_after_s
+    for proc, (out, _, _) in running.items():
+      if killing and proc.poll() is None:
+        logging.warning('%s: still running at %d s; ended (it resumes from its checkpoint).',
+                        out, kill_after_s)
+        proc.terminate()
+    for proc in [p for p in running if p.poll() is not None]:
+      out, tick, log = running.pop(proc)
+      log.close()
+      logging.info('%s: exit %d after %.0f s', out, proc.returncode, time.time() - tick)
+      if proc.returncode and not killing:
+        failed.append(out)
+    if running:
+      time.sleep(poll_s)
+  return failed
+
+
 def main(argv):
   overrides = argv[1:]
-  dataset = flags.FLAGS.dataset
-  if dataset not in DATASETS:
-    raise ValueError(f'--dataset: expected one of {sorted(DATASETS)}, got {dataset!r}.')
-  variants = text.VARIANTS if flags.FLAGS.variants == ['all'] else flags.FLAGS.variants
+  fl = flags.FLAGS
+  for dataset in fl.dataset:
+    if dataset not in DATASETS:
+      raise ValueError(f'--dataset: expected names in {sorted(DATASETS)}, got {dataset!r}.')
+  variants = text.VARIANTS if fl.variants == ['all'] else fl.variants
   for v in variants:
     text.parse_variant(v)                     # fails on a bad name before anything runs
-  seeds = [int(s) for s in flags.FLAGS.seeds]
-  for seed in seeds:
-    for variant in variants:
-      out = run_dir(flags.FLAGS.workdir, dataset, variant, seed)
-      if os.path.exists(os.path.join(out, 'results.json')):
-        logging.info('done already: %s', out)
-        continue
-      os.makedirs(out, exist_ok=True)
-      cmd = [sys.executable, '-m', 'experiments.train',
-             f'--config={DATASETS[dataset]}:{variant}', f'--workdir={out}',
-             f'--config.seed={seed}'] + overrides
-      logging.info('running: %s', ' '.join(cmd))
-      tick = time.time()
-      with open(os.path.join(out, 'log.txt'), 'a') as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-      logging.info('%s: exit %d after %.0f s', out, rc, time.time() - tick)
-      if rc:
-        raise SystemExit(f'{out} failed (exit {rc}); see {out}/log.txt')
+  seeds = [int(s) for s in fl.seeds]
+  for name, low in (('jobs', 1), ('no_new_runs_after_s', 0), ('kill_after_s', 0)):
+    if getattr(fl, name) < low:
+      raise ValueError(f'--{name}: must be ≥ {low}, got {getattr(fl, name)}.')
+  runs = [(out, [sys.executable, '-m', 'experiments.train',
+                 f'--config={DATASETS[dataset]}:{variant}', f'--workdir={out}',
+                 f'--config.seed={seed}'] + overrides)
+          for dataset, variant, seed, out in plan(fl.dataset, variants, seeds, fl.workdir)]
+  failed = run_all(runs, fl.jobs, fl.no_new_runs_after_s, fl.kill_after_s)
+  if failed:
+    raise SystemExit(f'{len(failed)} run(s) failed: {failed}; see their log.txt')
 
 
 if __name__ == '__main__':
-  flags.DEFINE_string('dataset', None, f'One of {sorted(DATASETS)}.')
+  flags.DEFINE_list('dataset', None, f'Datasets, from {sorted(DATASETS)}.')
   flags.DEFINE_list('variants', ['all'], f"Variants, or 'all' ({len(text.VARIANTS)}).")
   flags.DEFINE_list('seeds', ['0'], 'Seeds.')
   flags.DEFINE_string('workdir', 'workdir/grid', 'Root folder of the runs.')
+  flags.DEFINE_integer('jobs', 1, 'Runs at the same time.')
+  flags.DEFINE_integer('no_new_runs_after_s', 0, 'Start no run after this many seconds '
+                       '(0: no limit).')
+  flags.DEFINE_integer('kill_after_s', 0, 'End the runs still going after this many '
+                       'seconds; they resume later from their checkpoint (0: no limit).')
   flags.mark_flags_as_required(['dataset'])
   app.run(main)

@@ -11,7 +11,12 @@ import jax
 
 
 def git_commit() -> str:
-  """HEAD of the working tree, with ``-dirty`` if tracked files differ from it."""
+  """HEAD of the working tree, with ``-dirty`` if tracked files differ from it.
+
+  Without a git checkout (e.g. a copy of the tree on a GPU machine) the value of
+  ``$COULOMB_JAX_COMMIT``, set by whoever sent the copy, marked as such; else
+  ``'unknown'``.
+  """
   try:
     head = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -19,7 +24,8 @@ def git_commit() -> str:
                            capture_output=True, text=True, check=True).stdout.strip()
     return head + ('-dirty' if dirty else '')
   except (OSError, subprocess.CalledProcessError):
-    return 'unknown'
+    given = os.environ.get('COULOMB_JAX_COMMIT')
+    return f'{given} (from COULOMB_JAX_COMMIT, no git checkout)' if given else 'unknown'
 
 
 def machine() -> dict:

@@ -1,0 +1,62 @@
+"""Tests of experiments/grid.py (run order, skipping, parallel runs, limits, failures)
+and of the commit that runs record on a copy without git."""
+
+import os
+import sys
+import time
+
+from experiments import grid
+
+
+def _py(code):
+  return [sys.executable, '-c', code]
+
+
+def test_plan_order_and_skips_finished_runs(tmp_path):
+  done = grid.run_dir(str(tmp_path), 'sst2', 'softmax', 0)
+  os.makedirs(done)
+  open(os.path.join(done, 'results.json'), 'w').close()
+  runs = grid.plan(['sst2', 'qqp_subset'], ['softmax', 'kernel-elu'], [0, 1], str(tmp_path))
+  assert [(d, v, s) for d, v, s, _ in runs] == [
+      ('sst2', 'kernel-elu', 0), ('qqp_subset', 'softmax', 0), ('qqp_subset', 'kernel-elu', 0),
+      ('sst2', 'softmax', 1), ('sst2', 'kernel-elu', 1), ('qqp_subset', 'softmax', 1),
+      ('qqp_subset', 'kernel-elu', 1)]
+  assert runs[0][3] == grid.run_dir(str(tmp_path), 'sst2', 'kernel-elu', 0)
+
+
+def test_runs_in_parallel_and_logs(tmp_path):
+  runs = [(str(tmp_path / f'r{i}'), _py(f'import time; time.sleep(2.0); print("run {i}")'))
+          for i in range(4)]
+  tick = time.time()
+  assert grid.run_all(runs, jobs=4, poll_s=0.05) == []
+  assert time.time() - tick < 7.0   # One after another: ≥ 8 s.
+  for i in range(4):
+    with open(tmp_path / f'r{i}' / 'log.txt') as f:
+      assert f.read().strip() == f'run {i}'
+
+
+def test_a_failure_stops_new_runs(tmp_path):
+  runs = [(str(tmp_path / 'bad'), _py('raise SystemExit(3)')),
+          (str(tmp_path / 'later'), _py('print(1)'))]
+  assert grid.run_all(runs, jobs=1, poll_s=0.05) == [str(tmp_path / 'bad')]
+  assert not os.path.exists(tmp_path / 'later')
+
+
+def test_limits_stop_starting_and_end_running_runs(tmp_path):
+  runs = [(str(tmp_path / 'long'), _py('import time; time.sleep(60)')),
+          (str(tmp_path / 'queued'), _py('print(1)'))]
+  tick = time.time()
+  failed = grid.run_all(runs, jobs=1, no_new_runs_after_s=1, kill_after_s=1, poll_s=0.05)
+  assert failed == []                       # Ended at the limit: resumable, not failed.
+  assert time.time() - tick < 30
+  assert not os.path.exists(tmp_path / 'queued')
+
+
+def test_commit_of_a_copy_without_git(tmp_path, monkeypatch):
+  from experiments import provenance  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)                          # No git checkout here.
+  monkeypatch.setenv('GIT_CEILING_DIRECTORIES', str(tmp_path.parent))
+  monkeypatch.delenv('COULOMB_JAX_COMMIT', raising=False)
+  assert provenance.git_commit() == 'unknown'
+  monkeypatch.setenv('COULOMB_JAX_COMMIT', 'abc123')
+  assert provenance.git_commit() == 'abc123 (from COULOMB_JAX_COMMIT, no git checkout)'
