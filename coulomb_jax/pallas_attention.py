@@ -55,10 +55,22 @@ PALLAS_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'porf_sof
 _NEG = -1e30  # Finite "minus infinity" for masked logits and empty running maxima.
 
 
-def _dot(a, b, trans_a=False, trans_b=False):
+def _dot(a, b, trans_a=False, trans_b=False, precision=None):
   """2-D a @ b (either side transposed) accumulated in float32."""
   dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
-  return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+  return jax.lax.dot_general(a, b, dims, precision=precision,
+                             preferred_element_type=jnp.float32)
+
+
+def _project(x, omega):
+  """s = x ωᵀ in float32: the exponent of most maps, so never with bf16 operands.
+
+  Float32 inputs: an exact (IEEE) product. 16-bit inputs: TF32 (10-bit mantissa,
+  tensor cores); the particles stay float32, so they are not rounded to bf16.
+  """
+  fast = x.dtype.itemsize < 4
+  return _dot(x.astype(jnp.float32), omega, trans_b=True,
+              precision=jax.lax.Precision.HIGH if fast else None)
 
 
 def _softplus(s):
@@ -97,7 +109,7 @@ def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
     k = k_ref[rows, :]                                     # [C_k, d]
     v = v_ref[rows, :]                                     # [C_k, D]
     keep = mask_ref[rows] > 0                              # [C_k]
-    s = _dot(k, omega, trans_b=True)                  # [C_k, F_b] float32
+    s = _project(k, omega)                                 # [C_k, F_b]
     kf = k.astype(jnp.float32)
     half = 0.5 * jnp.sum(kf * kf, axis=1, keepdims=True)   # [C_k, 1]
     if name == 'favor':
@@ -136,7 +148,7 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, o_ref, *, name, block_f, num_b
     omega = omega_ref[feats, :]                            # [F_b, d]
     s_blk = s_ref[feats, :]                                # [F_b, D] float32
     z_blk = z_ref[feats]                                   # [F_b]
-    s = _dot(q, omega, trans_b=True)                  # [C_q, F_b]
+    s = _project(q, omega)                                 # [C_q, F_b]
     if name == 'favor':
       logits = s - half
       m_new = jnp.maximum(m, jnp.max(logits, axis=1))
@@ -147,7 +159,8 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, o_ref, *, name, block_f, num_b
       m_new = m
       phi = _psi(name, s, half, 0.0)
     phi = phi * scale
-    num = num + _dot(phi, s_blk)
+    # φ(q) S in q's dtype (bf16 inputs: a bf16 product, as flash attention's P V).
+    num = num + _dot(phi.astype(q.dtype), s_blk.astype(q.dtype))
     den = den + jnp.sum(phi * z_blk[None, :], axis=1)
     return num, den, m_new
 
@@ -171,7 +184,7 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
   out_dtype = v.dtype
   if interpret:  # XLA's CPU backend has no bf16 × bf16 → f32 dot.
     q, k, v = (a.astype(jnp.promote_types(a.dtype, jnp.float32)) for a in (q, k, v))
-  omega = omega.astype(q.dtype)
+  omega = omega.astype(jnp.float32)
   scale = 1.0 / math.sqrt(num_features)
   params = dict(compiler_params=plgpu.CompilerParams(num_warps=num_warps,
                                                      num_stages=num_stages),
