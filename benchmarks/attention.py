@@ -22,7 +22,10 @@ each call ended by ``block_until_ready``) of the forward and of forward+backward
 ``vanilla`` particles are an orthogonal N(0, I) draw; ``learned`` ones are the
 same draw after Langevin-like moves (projected onto the radius-1.5 ball and
 perturbed), i.e. what Phase A hands to the model: the code is the same, the
-values differ, and ``learned_over_vanilla`` is the measured time ratio.
+values differ, and the table's learned ÷ vanilla column is the ratio of their
+fwd+bwd medians, or, with ``--pairs=N``, the median [quartiles] of N
+interleaved paired ratios (``timing.paired_ratio``; robust to a shared
+machine's drift).
 Memory: ``temp_mb`` is XLA's compiled temporary-buffer size of the
 forward+backward (``memory_analysis``, any backend: it is what grows with L
 beyond inputs and outputs), ``peak_mb`` the device's peak where the backend
@@ -43,7 +46,7 @@ import jax.numpy as jnp
 from coulomb_jax import attention
 from coulomb_jax import features
 from coulomb_jax import langevin
-from benchmarks.timing import median_seconds
+from benchmarks.timing import median_seconds, paired_ratio
 from experiments import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
@@ -61,6 +64,8 @@ _MAPS = flags.DEFINE_list('feature_maps', ['favor'], 'Feature maps of kernel att
 _IMPLS = flags.DEFINE_list('impls', ['materialized', 'fused', 'softmax'], 'Implementations.')
 _CHUNK = flags.DEFINE_integer('chunk_size', 1024, 'Chunk length of the fused path.')
 _LEARNED = flags.DEFINE_bool('learned', True, 'Also time learned particles (same code).')
+_PAIRS = flags.DEFINE_integer('pairs', 0, 'Also time learned ÷ vanilla fwd+bwd in this many '
+                              'interleaved pairs (timing.paired_ratio; 0: off).')
 
 
 def materialized(feature_map, omega, q, k, v):
@@ -153,6 +158,9 @@ def main(argv):
                   forward_backward_ms=1e3 * median_seconds(bwd, omega, q, k, v,
                                                            repeats=_REPEATS.value),
                   temp_mb=temp_mb(bwd, omega, q, k, v), peak_mb=peak_mb())
+              if kind == 'learned' and _PAIRS.value:
+                row['learned_over_vanilla_paired'] = paired_ratio(
+                    bwd, (sets['vanilla'], q, k, v), (omega, q, k, v), pairs=_PAIRS.value)
             except Exception as e:  # pylint: disable=broad-except
               # Out of memory at large L (softmax): keep the row, record why, go on.
               row.update(forward_ms=None, forward_backward_ms=None, temp_mb=None,
@@ -178,7 +186,10 @@ def main(argv):
         ratios = []
         for impl in kernel_impls:
           lr, va = get(impl, 'learned'), get(impl)
-          if lr and va and lr['forward_backward_ms'] and va['forward_backward_ms']:
+          paired = lr and lr.get('learned_over_vanilla_paired')
+          if paired:
+            ratios.append(f"{paired['median']:.3f} [{paired['q25']:.3f}, {paired['q75']:.3f}]")
+          elif lr and va and lr['forward_backward_ms'] and va['forward_backward_ms']:
             ratios.append(f"{lr['forward_backward_ms'] / va['forward_backward_ms']:.3f}")
           else:
             ratios.append('–')
@@ -191,7 +202,8 @@ def main(argv):
   print(table)
   flag_text = ' '.join(f'--{f.name}={",".join(f.value) if isinstance(f.value, list) else f.value}'
                        for f in (_LENGTHS, _DTYPES, _BATCH, _HEADS, _HEAD_DIM, _FEATURES,
-                                 _SOFTMAX_MAX, _REPEATS, _MAPS, _IMPLS, _CHUNK, _LEARNED))
+                                 _SOFTMAX_MAX, _REPEATS, _MAPS, _IMPLS, _CHUNK, _LEARNED,
+                                 _PAIRS))
   record = {'benchmark': 'attention', 'command': f'python -m benchmarks.attention {flag_text}',
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': provenance.git_commit(), 'machine': provenance.machine(), 'rows': rows}
