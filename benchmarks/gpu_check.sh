@@ -7,10 +7,11 @@
 #   Locally, tiny sizes, to check the script itself:
 #     GPU_CHECK_SMOKE=1 OUT=/tmp/gpu_check bash benchmarks/gpu_check.sh
 #
-# Wheels the image lacks (tokenizers, ml-collections, tensorboardX, pytest, ...) travel
-# in .whl/ (ignored by git; fetched here with `pip download --python-version 3.12
-# --platform manylinux... --only-binary=:all: --no-deps`); they are installed into
-# /tmp/site without touching the image's jax.
+# Wheels the image lacks (ml-collections and tensorboardX; its package list, in the device
+# tool's KINDS.md, has the rest) travel in .whl/ (ignored by git; fetched here with
+# `pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+# -d .whl ml-collections==1.1.0 tensorboardX==2.6.5`, the versions of our venv); they are
+# installed into /tmp/site without touching the image's jax.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
