@@ -123,6 +123,10 @@ def test_use_by_default():
   assert not pa.use_by_default(x, x, v, omega[:, :32], 'favor', interpret=True)   # M = 32
   assert not pa.use_by_default(x[..., :8], x[..., :8], v, omega[..., :8], 'favor',
                                interpret=True)                                  # d = 8
+  seen = []   # Under a trace (the way fused_linear_attention calls it): tracers in.
+  jax.eval_shape(lambda a: seen.append(pa.use_by_default(a, a, v, omega, 'elu',
+                                                         interpret=True)) or a, x)
+  assert seen == [True]
 
 
 def test_use_by_default_falls_back_when_compiling_fails(monkeypatch):
