@@ -4,8 +4,10 @@
 # order (all of seed 0 first), every variant, JOBS runs at once on the one GPU (the
 # paper-sized model is far too small to fill it), no run started after BUDGET_S − 150 s
 # and the rest ended at BUDGET_S. Then the finished runs (results.json, history.jsonl,
-# the end of log.txt) are packed into $OUT/grid_runs.tar.gz; unpack it into workdir/grid
-# here and run experiments.report. Unfinished runs are lost with the machine.
+# the end of log.txt) are packed into $OUT/grid_runs.tar.gz. Unpack it here into its own
+# folder (e.g. workdir/grid_paper: experiments.report refuses to average runs whose configs
+# differ, such as the CPU grid's reduced epochs) and run experiments.report --runs=<it>.
+# Unfinished runs are lost with the machine.
 #
 #   Device tool, carrying .whl (wheels the image lacks, see benchmarks/gpu_check.sh) and
 #   .data (a copy of ../shared/data, which does not travel; ignored by git, never
