@@ -21,6 +21,13 @@ them, T·median(d) / (σ·√T), and β* = 2η·D_h / median(d)², the β at whi
 and noise per step are equal. The representations are those of the randomly
 initialised encoder, as in Phase A. Writes ``phase_a_drift_<dataset>.json`` and
 ``.md`` with the command, commit and machine.
+
+``--trained_runs=<grid root>`` asks the counterfactual instead: what if Phase A
+saw *trained* representations? For each map it takes the finished Vanilla-X run
+``<root>/<dataset>/vanilla-<map>/seed<--trained_seed>`` (its kept,
+best-validation parameters and its tokenizer), projects its random particles
+onto the ball and measures the same statistics on its encoder. Writes
+``phase_a_drift_<dataset>_trained.{json,md}``.
 """
 
 import json
@@ -49,6 +56,9 @@ _DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'The data folder.'
 _WORKDIR = flags.DEFINE_string('workdir', 'workdir/phase_a_drift',
                                'Where the tokenizer is trained once and kept.')
 _OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
+_TRAINED_RUNS = flags.DEFINE_string('trained_runs', '', 'A grid root: measure on the trained '
+                                    'encoders of its vanilla-<map> runs (see the docstring).')
+_TRAINED_SEED = flags.DEFINE_integer('trained_seed', 0, 'Seed of those runs.')
 
 
 def _config(dataset, feature_map):
@@ -59,14 +69,34 @@ def _config(dataset, feature_map):
   return config
 
 
-def drift_stats(config, encoded, vocab_size, num_batches):
-  """Statistics of d_k over particles × batches (see the module docstring)."""
+def _check_finished(run_dir):
+  if not os.path.exists(os.path.join(run_dir, train.RESULTS)):
+    raise ValueError(f'--trained_runs: {run_dir} has no {train.RESULTS} (not a finished run).')
+
+
+def trained_params(run_dir):
+  """The kept (best-validation) parameters of a finished ``experiments.train`` run."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  _check_finished(run_dir)
+  step = train._checkpoint_manager(run_dir).latest_step()  # pylint: disable=protected-access
+  path = os.path.join(os.path.abspath(run_dir), 'checkpoints', str(step), 'default')
+  return ocp.StandardCheckpointer().restore(path)['best_params']
+
+
+def drift_stats(config, encoded, vocab_size, num_batches, params=None):
+  """Statistics of d_k over particles × batches (see the module docstring).
+
+  ``params``: the model's parameters (default: ``train.py``'s initialisation);
+  their particles are projected onto the ball either way.
+  """
   train.check_config(config)
   a, d = config.phase_a, config.data
   model = train.make_model(config, vocab_size)
-  init_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)[0]  # As train.py.
-  example = next(data.batches(encoded['train'], 2, pad_multiple=d.pad_multiple))
-  params = model.init(init_key, example['ids'], example['segments'], example['mask'])['params']
+  if params is None:
+    init_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)[0]  # As train.py.
+    example = next(data.batches(encoded['train'], 2, pad_multiple=d.pad_multiple))
+    params = model.init(init_key, example['ids'], example['segments'],
+                        example['mask'])['params']
   flat = traverse_util.flatten_dict(params)
   params = traverse_util.unflatten_dict(
       {k: langevin.project_to_ball(v, a.radius) if k[-1] == training.PARTICLES else v
@@ -118,25 +148,44 @@ def main(argv):
     raise ValueError(f'--feature_maps: {bad} not in {features.ATTENTION_FEATURE_MAPS}.')
   if _BATCHES.value < 1:
     raise ValueError(f'--batches: expected an integer >= 1, got {_BATCHES.value}.')
+  trained = bool(_TRAINED_RUNS.value)
+  run_dirs = {m: grid.run_dir(_TRAINED_RUNS.value, dataset, f'vanilla-{m}', _TRAINED_SEED.value)
+              for m in _MAPS.value} if trained else {}
+  for run_dir in run_dirs.values():   # Every run is there before anything is computed.
+    _check_finished(run_dir)
   workdir = os.path.join(_WORKDIR.value, dataset)
   os.makedirs(workdir, exist_ok=True)
-  # The data and tokenizer do not depend on the feature map: load them once.
-  encoded, vocab_size = train.load_data(_config(dataset, _MAPS.value[0]), workdir)
+  # The data and tokenizer do not depend on the feature map: load them once (a trained
+  # run: its own tokenizer).
+  if not trained:
+    encoded, vocab_size = train.load_data(_config(dataset, _MAPS.value[0]), workdir)
   rows = {}
   for feature_map in _MAPS.value:
-    rows[feature_map] = drift_stats(_config(dataset, feature_map), encoded, vocab_size,
-                                    _BATCHES.value)
+    config, params = _config(dataset, feature_map), None
+    if trained:
+      config.seed = _TRAINED_SEED.value
+      encoded, vocab_size = train.load_data(config, run_dirs[feature_map])
+      params = trained_params(run_dirs[feature_map])
+    rows[feature_map] = drift_stats(config, encoded, vocab_size, _BATCHES.value, params)
     print(feature_map, json.dumps(rows[feature_map]), flush=True)
   a = _config(dataset, _MAPS.value[0]).phase_a
   settings = {k: a[k] for k in ('step_size', 'beta', 'lam', 'clip_norm', 'radius',
                                 'batch_size', 'num_epochs')}
   meta = provenance.run_metadata('experiments.phase_a_drift')
-  record = dict(meta, dataset=dataset, settings=settings, maps=rows)
-  lines = [f'# Phase A drift against noise: {dataset}', '',
+  record = dict(meta, dataset=dataset, settings=settings, maps=rows,
+                representations='trained' if trained else 'initialisation',
+                trained_runs=run_dirs)
+  where = (f'the trained encoders of the finished Vanilla-X runs (best-validation '
+           f'parameters, seed {_TRAINED_SEED.value}: `{_TRAINED_RUNS.value}/{dataset}/'
+           f'vanilla-<map>/seed{_TRAINED_SEED.value}`), their random particles projected '
+           'onto the ball' if trained else
+           "the initialised encoder (as train.py), particles projected onto the ball")
+  title = 'trained encoders' if trained else 'at initialisation'
+  lines = [f'# Phase A drift against noise: {dataset}, {title}', '',
            f"Command: `{meta['command']}`  ", f"Commit: {meta['commit']}  ",
            f"Date: {meta['date']}  ", f"Machine: {json.dumps(meta['machine'])}", '',
-           f'Settings (the config defaults): {json.dumps(settings)}; particles projected onto '
-           f'the ball; drift d = η·N·‖clip(∇H)_k‖ per particle over {_BATCHES.value} Phase A '
+           f'Settings (the config defaults): {json.dumps(settings)}; representations: '
+           f'{where}; drift d = η·N·‖clip(∇H)_k‖ per particle over {_BATCHES.value} Phase A '
            'batches; noise σ = √(2η/β)·√D_h per step.', '',
            '| map | median d | mean d | 90% d | σ | median d / σ | T steps | '
            'T·d / (σ·√T) | β* (d = σ) | mean alignment |',
@@ -147,7 +196,7 @@ def main(argv):
                  f"{r['phase_a_steps']} | {r['ratio_over_phase_a']:.2e} | "
                  f"{r['beta_star']:.2e} | {r['alignment_mean']:.4f} |")
   os.makedirs(_OUT.value, exist_ok=True)
-  stem = os.path.join(_OUT.value, f'phase_a_drift_{dataset}')
+  stem = os.path.join(_OUT.value, f'phase_a_drift_{dataset}' + ('_trained' if trained else ''))
   provenance.write_json_atomic(stem + '.json', record, indent=1)
   provenance.write_atomic(stem + '.md', '\n'.join(lines) + '\n')
   print('\n'.join(lines))
