@@ -52,7 +52,7 @@ JAX_PLATFORMS=$TEST_PLATFORMS timeout 120 $PY -m pytest -q -x -p no:cacheprovide
 #    materialized; rows also stream to $OUT/attention_rows.jsonl in case of the timeout.
 timeout 150 $PY -m benchmarks.attention --out="$OUT" --lengths=$LENGTHS \
     --softmax_max_len=$SOFTMAX_MAX --chunk_size=$CHUNK --repeats=$REPEATS \
-    --dtypes=bfloat16 --feature_maps=favor --impls=materialized,fused,pallas,softmax 2>&1 | tail -n 30 || status=1
+    --dtypes=bfloat16 --feature_maps=favor,softmaxfeat --impls=materialized,fused,pallas,softmax 2>&1 | tail -n 30 || status=1
 # 3. Phase A cost against Phase B.
 timeout 60 $PY -m benchmarks.phase_a --out="$OUT" $PA_ARGS 2>&1 | tail -n 20 || status=1
 ls -l "$OUT"

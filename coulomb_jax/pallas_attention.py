@@ -25,12 +25,15 @@ Splitting the keys over S programs gives the GPU B·H·S·F/F_b programs even fo
 small B·H. HBM traffic: q, k, v read once, the output written once, plus the
 partial states ``[B, H, S, F, D]`` (small next to q, k, v at long L).
 
-Supported maps: ``PALLAS_FEATURE_MAPS`` (all the paper's maps except
-``softmaxfeat``, whose per-row softmax couples every feature block; use the
-XLA path for it). There is no backward kernel: under differentiation a
-``jax.custom_vjp`` runs ``fused_linear_attention``'s XLA path forward and
-backward, so gradients (and training cost) are the reference path's and the
-kernels serve the forward passes of inference and evaluation.
+All seven attention maps (``PALLAS_FEATURE_MAPS``). ``softmaxfeat``'s per-row
+softmax couples every feature: its key kernel first walks all particle blocks
+for each key row's log-sum-exp (so the key-side projections are computed
+M/F_b + 1 times), and its query kernel carries an online sum alongside the max.
+
+There is no backward kernel: under differentiation a ``jax.custom_vjp`` runs
+``fused_linear_attention``'s XLA path forward and backward, so gradients (and
+training cost) are the reference path's and the kernels serve the forward
+passes of inference and evaluation.
 
 Written against the Triton backend of ``jax.experimental.pallas``. On a CPU
 (tests) the kernels run in Pallas interpret mode, with float32 dots.
@@ -49,7 +52,8 @@ from jax.experimental.pallas import triton as plgpu
 from coulomb_jax import _checks
 from coulomb_jax import attention
 
-PALLAS_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'porf_softplus')
+PALLAS_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'softmaxfeat',
+                       'porf_softplus')
 """The maps ``pallas_linear_attention`` computes inside its kernels."""
 
 _NEG = -1e30  # Finite "minus infinity" for masked logits and empty running maxima.
@@ -93,8 +97,7 @@ def _psi(name, s, half_sq_norm, shift):
     return c * c
   if name == 'porf_softplus':
     return _softplus(s - half_sq_norm)
-  raise ValueError(f'feature_map: {name!r} has no Pallas kernel; use one of '
-                   f'{PALLAS_FEATURE_MAPS}.')
+  raise ValueError(f'feature_map: no elementwise ψ for {name!r}.')
 
 
 def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
@@ -170,6 +173,90 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, o_ref, *, name, block_f, num_b
   o_ref[...] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
 
 
+def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref, *,
+                        block_k, block_f, num_blocks, num_feature_blocks, scale):
+  """``softmaxfeat`` keys, one (b, h, split, particle block f).
+
+  φ(k) = 2√M·softmax([s, −s]) couples all 2M features through the row's
+  log-sum-exp, so each key block first walks every particle block for it
+  (online, as flash attention's softmax), then accumulates its own block's
+  features [φ⁺ | φ⁻] = 2√M·exp([s_f, −s_f] − lse) into S⁺, S⁻ and z⁺, z⁻. No
+  shift is left over: every feature is at most 2√M.
+  """
+  f = pl.program_id(3)
+  omega = omega_ref[pl.ds(f * block_f, block_f), :]        # [F_b, d]
+  d_v = v_ref.shape[-1]
+
+  def body(i, carry):
+    acc_p, acc_m, z_p, z_m = carry
+    rows = pl.ds(i * block_k, block_k)
+    k = k_ref[rows, :]                                     # [C_k, d]
+    v = v_ref[rows, :]                                     # [C_k, D]
+    keep = mask_ref[rows] > 0                              # [C_k]
+
+    def lse_body(g, mc):
+      m, total = mc                                        # [C_k], [C_k]
+      s_g = _project(k, omega_ref[pl.ds(g * block_f, block_f), :])
+      m_new = jnp.maximum(m, jnp.max(jnp.abs(s_g), axis=1))   # max over [s, −s]
+      total = total * jnp.exp(m - m_new) + jnp.sum(
+          jnp.exp(s_g - m_new[:, None]) + jnp.exp(-s_g - m_new[:, None]), axis=1)
+      return m_new, total
+
+    m, total = jax.lax.fori_loop(
+        0, num_feature_blocks, lse_body,
+        (jnp.zeros((block_k,), jnp.float32), jnp.zeros((block_k,), jnp.float32)))
+    lse = (m + jnp.log(total))[:, None]                     # [C_k, 1]; |s| ≥ 0 so m ≥ 0
+    s = _project(k, omega)                                 # [C_k, F_b]
+    phi_p = jnp.where(keep[:, None], jnp.exp(s - lse), 0.0) * scale
+    phi_m = jnp.where(keep[:, None], jnp.exp(-s - lse), 0.0) * scale
+    v = jnp.where(keep[:, None], v, 0).astype(v.dtype)
+    acc_p = acc_p + _dot(phi_p.astype(v.dtype), v, trans_a=True)
+    acc_m = acc_m + _dot(phi_m.astype(v.dtype), v, trans_a=True)
+    return acc_p, acc_m, z_p + jnp.sum(phi_p, axis=0), z_m + jnp.sum(phi_m, axis=0)
+
+  zeros = lambda *shape: jnp.zeros(shape, jnp.float32)
+  acc_p, acc_m, z_p, z_m = jax.lax.fori_loop(
+      0, num_blocks, body, (zeros(block_f, d_v), zeros(block_f, d_v), zeros(block_f),
+                            zeros(block_f)))
+  sp_ref[...] = acc_p
+  sm_ref[...] = acc_m
+  zp_ref[...] = z_p
+  zm_ref[...] = z_m
+
+
+def _query_kernel_softmax(q_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref, o_ref, *,
+                          block_f, num_blocks, scale, eps):
+  """``softmaxfeat`` queries, one (b, h, query block).
+
+  Walks the particle blocks with an online row max m and sum Σ e^{±s − m}, so
+  that φ(q) = 2√M·e^{[s, −s] − m} / Σ is exact at the end (the eps guard sees
+  the true denominator, as in the XLA path).
+  """
+  q = q_ref[...]                                           # [C_q, d]
+  c_q, d_v = q.shape[0], sp_ref.shape[-1]
+
+  def body(i, carry):
+    num, den, m, total = carry                             # [C_q, D], [C_q] × 3
+    feats = pl.ds(i * block_f, block_f)
+    s = _project(q, omega_ref[feats, :])                   # [C_q, F_b]
+    m_new = jnp.maximum(m, jnp.max(jnp.abs(s), axis=1))
+    rescale = jnp.exp(m - m_new)
+    e_p, e_m = jnp.exp(s - m_new[:, None]), jnp.exp(-s - m_new[:, None])
+    cast = lambda a: a.astype(q.dtype)
+    num = (num * rescale[:, None] + _dot(cast(e_p), cast(sp_ref[feats, :]))
+           + _dot(cast(e_m), cast(sm_ref[feats, :])))
+    den = (den * rescale + jnp.sum(e_p * zp_ref[feats][None, :], axis=1)
+           + jnp.sum(e_m * zm_ref[feats][None, :], axis=1))
+    total = total * rescale + jnp.sum(e_p + e_m, axis=1)
+    return num, den, m_new, total
+
+  zeros = lambda *shape: jnp.zeros(shape, jnp.float32)
+  num, den, _, total = jax.lax.fori_loop(
+      0, num_blocks, body, (zeros(c_q, d_v), zeros(c_q), zeros(c_q), zeros(c_q)))
+  norm = (scale / total)[:, None]                          # 2√M / Σ
+  o_ref[...] = (num * norm / jnp.maximum(den[:, None] * norm, eps)).astype(o_ref.dtype)
+
+
 def _pad_rows(a, length):
   pad = length - a.shape[1]
   if not pad:
@@ -197,44 +284,58 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
   k_p, v_p, mask_p = (_pad_rows(a, num_splits * split_len) for a in (k, v, mask))
   n_f = num_features // block_f
   part = lambda *shape: jax.ShapeDtypeStruct((b, h, num_splits) + shape, jnp.float32)
-  s_part, z_part, m_part = pl.pallas_call(
-      functools.partial(_key_kernel, name=name, block_k=block_k,
-                        num_blocks=blocks_per_split, scale=scale),
-      grid=(b, h, num_splits, n_f),
-      in_specs=[
-          pl.BlockSpec((None, split_len, None, dim), lambda i, j, s, f: (i, s, j, 0)),
-          pl.BlockSpec((None, split_len, None, d_v), lambda i, j, s, f: (i, s, j, 0)),
-          pl.BlockSpec((None, split_len), lambda i, j, s, f: (i, s)),
-          pl.BlockSpec((None, block_f, dim), lambda i, j, s, f: (j, f, 0)),
-      ],
-      out_specs=[
-          pl.BlockSpec((None, None, None, block_f, d_v), lambda i, j, s, f: (i, j, s, f, 0)),
-          pl.BlockSpec((None, None, None, block_f), lambda i, j, s, f: (i, j, s, f)),
-          pl.BlockSpec((None, None, None, block_f), lambda i, j, s, f: (i, j, s, f)),
-      ],
-      out_shape=[part(num_features, d_v), part(num_features), part(num_features)],
-      **params)(k_p, v_p, mask_p, omega)
-  # Combine the partials on one shift per (b, h): the max over splits and blocks.
-  m = jnp.max(m_part, axis=(2, 3), keepdims=True)                 # [B, H, 1, 1]
-  w = jnp.exp(m_part - m)                                         # [B, H, S, F]
-  state = jnp.einsum('bhsf,bhsfd->bhfd', w, s_part)               # [B, H, F, D]
-  norm = jnp.sum(w * z_part, axis=2)                              # [B, H, F]
+  rows_spec = lambda width: pl.BlockSpec((None, split_len, None, width),
+                                         lambda i, j, s, f: (i, s, j, 0))
+  state_spec = pl.BlockSpec((None, None, None, block_f, d_v), lambda i, j, s, f: (i, j, s, f, 0))
+  norm_spec = pl.BlockSpec((None, None, None, block_f), lambda i, j, s, f: (i, j, s, f))
+  key_inputs = [rows_spec(dim), rows_spec(d_v),
+                pl.BlockSpec((None, split_len), lambda i, j, s, f: (i, s))]
+  if name == 'softmaxfeat':
+    # Outputs S⁺, S⁻, z⁺, z⁻ (features [φ⁺ | φ⁻]); every program reads all particles.
+    sp, sm, zp, zm = pl.pallas_call(
+        functools.partial(_key_kernel_softmax, block_k=block_k, block_f=block_f,
+                          num_blocks=blocks_per_split, num_feature_blocks=n_f,
+                          scale=2.0 * math.sqrt(num_features)),
+        grid=(b, h, num_splits, n_f),
+        in_specs=key_inputs + [pl.BlockSpec((None, num_features, dim),
+                                            lambda i, j, s, f: (j, 0, 0))],
+        out_specs=[state_spec, state_spec, norm_spec, norm_spec],
+        out_shape=[part(num_features, d_v)] * 2 + [part(num_features)] * 2,
+        **params)(k_p, v_p, mask_p, omega)
+    states = [jnp.sum(a, axis=2) for a in (sp, sm, zp, zm)]      # Over the splits.
+    kernel = functools.partial(_query_kernel_softmax, block_f=block_f, num_blocks=n_f,
+                               scale=2.0 * math.sqrt(num_features), eps=eps)
+  else:
+    s_part, z_part, m_part = pl.pallas_call(
+        functools.partial(_key_kernel, name=name, block_k=block_k,
+                          num_blocks=blocks_per_split, scale=scale),
+        grid=(b, h, num_splits, n_f),
+        in_specs=key_inputs + [pl.BlockSpec((None, block_f, dim),
+                                            lambda i, j, s, f: (j, f, 0))],
+        out_specs=[state_spec, norm_spec, norm_spec],
+        out_shape=[part(num_features, d_v), part(num_features), part(num_features)],
+        **params)(k_p, v_p, mask_p, omega)
+    # Combine the partials on one shift per (b, h): the max over splits and blocks.
+    m = jnp.max(m_part, axis=(2, 3), keepdims=True)               # [B, H, 1, 1]
+    w = jnp.exp(m_part - m)                                       # [B, H, S, F]
+    states = [jnp.einsum('bhsf,bhsfd->bhfd', w, s_part),          # [B, H, F, D]
+              jnp.sum(w * z_part, axis=2)]                        # [B, H, F]
+    kernel = functools.partial(_query_kernel, name=name, block_f=block_f, num_blocks=n_f,
+                               scale=scale, eps=eps)
 
   # Queries.
   q_len = pl.cdiv(length, block_q) * block_q
+  state_in = pl.BlockSpec((None, None, num_features, d_v), lambda i, j, c: (i, j, 0, 0))
+  norm_in = pl.BlockSpec((None, None, num_features), lambda i, j, c: (i, j, 0))
   out = pl.pallas_call(
-      functools.partial(_query_kernel, name=name, block_f=block_f, num_blocks=n_f,
-                        scale=scale, eps=eps),
+      kernel,
       grid=(b, h, q_len // block_q),
-      in_specs=[
-          pl.BlockSpec((None, block_q, None, dim), lambda i, j, c: (i, c, j, 0)),
-          pl.BlockSpec((None, num_features, dim), lambda i, j, c: (j, 0, 0)),
-          pl.BlockSpec((None, None, num_features, d_v), lambda i, j, c: (i, j, 0, 0)),
-          pl.BlockSpec((None, None, num_features), lambda i, j, c: (i, j, 0)),
-      ],
+      in_specs=[pl.BlockSpec((None, block_q, None, dim), lambda i, j, c: (i, c, j, 0)),
+                pl.BlockSpec((None, num_features, dim), lambda i, j, c: (j, 0, 0))]
+               + [state_in if a.ndim == 4 else norm_in for a in states],
       out_specs=pl.BlockSpec((None, block_q, None, d_v), lambda i, j, c: (i, c, j, 0)),
       out_shape=jax.ShapeDtypeStruct((b, q_len, h, d_v), out_dtype),
-      **params)(_pad_rows(q, q_len), omega, state.astype(jnp.float32), norm)
+      **params)(_pad_rows(q, q_len), omega, *states)
   return out[:, :length]
 
 

@@ -43,13 +43,15 @@ def test_kernels_equal_xla_path(name):
   np.testing.assert_allclose(out, _xla(q, k, v, omega, mask, name), rtol=2e-5, atol=2e-6)
 
 
-def test_favor_large_logits_stay_finite_and_exact():
-  # Exponents up to ~±60: exp overflows float32 without the shared shift; the
-  # splits' online maxima differ, so the combination across splits is exercised.
+@pytest.mark.parametrize('name', ['favor', 'softmaxfeat'])
+def test_large_logits_stay_finite_and_exact(name):
+  # Exponents up to ~±60: exp overflows float32 without the shifts; the splits'
+  # online maxima differ, so the combination across splits is exercised (favor),
+  # and the keys' log-sum-exp runs over two particle blocks (softmaxfeat).
   q, k, v, omega, mask = _inputs(jax.random.key(1), scale=3.0)
-  out = pa.pallas_linear_attention(q, k, v, omega, key_mask=mask, **BLOCKS)
+  out = pa.pallas_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask, **BLOCKS)
   assert np.all(np.isfinite(out))
-  np.testing.assert_allclose(out, _xla(q, k, v, omega, mask, 'favor'), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out, _xla(q, k, v, omega, mask, name), rtol=1e-4, atol=1e-5)
 
 
 def test_padding_changes_nothing_and_nan_padding_is_not_read():
@@ -119,7 +121,7 @@ def test_use_by_default():
   # Not interpreted: only on a one-device GPU, where the kernels must compile.
   assert pa.use_by_default(x, x, v, omega, 'favor') == (ON_GPU and jax.device_count() == 1)
   assert pa.use_by_default(x, x, v, omega, 'favor', interpret=True)
-  assert not pa.use_by_default(x, x, v, omega, 'softmaxfeat', interpret=True)
+  assert not pa.use_by_default(x, x, v, omega, 'rff', interpret=True)
   assert not pa.use_by_default(x, x, v, omega[:, :32], 'favor', interpret=True)   # M = 32
   assert not pa.use_by_default(x[..., :8], x[..., :8], v, omega[..., :8], 'favor',
                                interpret=True)                                  # d = 8
@@ -140,7 +142,7 @@ def test_use_by_default_falls_back_when_compiling_fails(monkeypatch):
 
 
 @pytest.mark.parametrize('kwargs, match', [
-    (dict(feature_map='softmaxfeat'), 'feature_map'),
+    (dict(feature_map='rff'), 'feature_map'),
     (dict(block_q=24), 'block_q must be a power of two'),
     (dict(block_f=64), 'block_f must divide'),
     (dict(num_splits=0), 'num_splits'),
