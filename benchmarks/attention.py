@@ -17,7 +17,10 @@ each call ended by ``block_until_ready``) of the forward and of forward+backward
   ``grad`` (so its fwd+bwd is the fused one's plus nothing); Pallas interpret
   mode off the GPU, so only meaningful on a GPU (``--impls`` to add it);
 * ``softmax``: ``jax.nn.dot_product_attention`` (XLA; cuDNN flash on GPU when the
-  backend picks it), skipped above ``--softmax_max_len``.
+  backend picks it), skipped above ``--softmax_max_len``;
+* ``causal`` (stored features, then ``attention.causal_linear_attention``) and
+  ``pallas_causal`` (``pallas_attention.pallas_causal_linear_attention``): the
+  causal (decoder) form, for ``--impls`` to add.
 
 ``vanilla`` particles are an orthogonal N(0, I) draw; ``learned`` ones are the
 same draw after Langevin-like moves (projected onto the radius-1.5 ball and
@@ -46,6 +49,7 @@ import jax.numpy as jnp
 from coulomb_jax import attention
 from coulomb_jax import features
 from coulomb_jax import langevin
+from coulomb_jax import pallas_attention
 from benchmarks.timing import median_seconds, paired_ratio
 from experiments import provenance
 
@@ -93,8 +97,22 @@ def softmax(feature_map, omega, q, k, v):
   return jax.nn.dot_product_attention(q, k, v)
 
 
+def causal(feature_map, omega, q, k, v):
+  """Causal: per-head features stored, then the chunked ``causal_linear_attention``."""
+  scale = q.shape[-1] ** -0.25
+  return pallas_attention._causal_reference(  # pylint: disable=protected-access
+      q * scale, k * scale, v, omega, None, name=feature_map, eps=attention.DEFAULT_EPS)
+
+
+def pallas_causal(feature_map, omega, q, k, v):
+  scale = q.shape[-1] ** -0.25
+  return pallas_attention.pallas_causal_linear_attention(q * scale, k * scale, v, omega,
+                                                         feature_map=feature_map)
+
+
 IMPLS = {'materialized': materialized, 'fused': fused,
-         'pallas': functools.partial(fused, implementation='pallas'), 'softmax': softmax}
+         'pallas': functools.partial(fused, implementation='pallas'), 'softmax': softmax,
+         'causal': causal, 'pallas_causal': pallas_causal}
 
 
 def peak_mb():

@@ -39,7 +39,9 @@ else
   # (128 GiB in f32 at 64k) unless the cuDNN path is taken.
   # tests/conftest.py defaults to CPU: ask for the GPU (the 8-fake-device tests pin CPU).
   TEST_PLATFORMS=cuda,cpu
-  LENGTHS=1024,4096,16384,65536,262144; SOFTMAX_MAX=16384; CHUNK=4096; REPEATS=5
+  # The target lengths first: rows stream out as they finish, so a timeout cuts
+  # the short lengths, not 64k and 256k.
+  LENGTHS=65536,262144,16384,4096,1024; SOFTMAX_MAX=16384; CHUNK=4096; REPEATS=5
   PA_ARGS="--repeats=3 --n=64,1024 --num_features=256"
   TESTS="tests/test_attention.py tests/test_pallas_attention.py tests/test_models.py tests/test_training.py tests/test_langevin.py"
   # Timeouts sum to 330 s, inside the 6-minute budget with the start-up. Four pytest

@@ -1,4 +1,7 @@
-r"""Bidirectional linear attention as two Pallas kernels (GPU; interpret mode elsewhere).
+r"""Linear attention as Pallas kernels (GPU; interpret mode elsewhere).
+
+Bidirectional (``pallas_linear_attention``, below) and causal
+(``pallas_causal_linear_attention``, at the end of the module).
 
 ``pallas_linear_attention(q, k, v, omega, ...)`` computes the same thing as
 ``attention.fused_linear_attention`` (φ = the per-head feature map of the
@@ -339,31 +342,34 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
   return out[:, :length]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attend(q, k, v, omega, key_mask, options):
-  return _forward(q, k, v, omega, key_mask, **dict(options))
+def _with_xla_gradients(forward, reference):
+  """``f(q, k, v, omega, key_mask, options)``: the kernels when evaluated, the XLA path
+  under differentiation.
+
+  ``forward(q, k, v, omega, key_mask, **options)`` runs the kernels;
+  ``reference(q, k, v, omega, key_mask, options)`` is the XLA path. Under ``grad``
+  the reference runs forward and backward: the kernels have no backward, and
+  recomputing the output with them would cost more than it saves.
+  """
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+  def f(q, k, v, omega, key_mask, options):
+    return forward(q, k, v, omega, key_mask, **dict(options))
+
+  def f_fwd(q, k, v, omega, key_mask, options):
+    return jax.vjp(lambda *a: reference(*a, key_mask, dict(options)), q, k, v, omega)
+
+  def f_bwd(options, pullback, g):
+    del options
+    return tuple(pullback(g)) + (None,)
+
+  f.defvjp(f_fwd, f_bwd)
+  return f
 
 
-def _reference(q, k, v, omega, key_mask, options):
-  opts = dict(options)
-  return attention.fused_linear_attention(q, k, v, omega, feature_map=opts['name'],
-                                          key_mask=key_mask, eps=opts['eps'],
-                                          implementation='xla')
-
-
-def _attend_fwd(q, k, v, omega, key_mask, options):
-  # Under differentiation the XLA path runs forward and backward: the kernels
-  # have no backward, and recomputing would cost more than it saves.
-  out, pullback = jax.vjp(lambda *a: _reference(*a, key_mask, options), q, k, v, omega)
-  return out, pullback
-
-
-def _attend_bwd(options, pullback, g):
-  del options
-  return tuple(pullback(g)) + (None,)
-
-
-_attend.defvjp(_attend_fwd, _attend_bwd)
+_attend = _with_xla_gradients(
+    _forward, lambda q, k, v, omega, key_mask, opts: attention.fused_linear_attention(
+        q, k, v, omega, feature_map=opts['name'], key_mask=key_mask, eps=opts['eps'],
+        implementation='xla'))
 
 
 def _power_of_two(name, value):
@@ -457,3 +463,174 @@ def use_by_default(q, k, v, omega, feature_map, key_mask=None, *, interpret=Fals
   spec = lambda a: None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
   return _compiles(spec(q), spec(k), spec(v), spec(omega), spec(key_mask), feature_map,
                    interpret)
+
+
+# ------------------------------------------------------------------------------ causal
+
+def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chunk,
+                   block_f, num_chunks, num_feature_blocks, eps):
+  """One (b, h): out_i = Σ_{j≤i} φ(q_i)·φ(k_j) v_j / Σ_{j≤i} φ(q_i)·φ(k_j), chunk by chunk.
+
+  The running state S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j) of the chunks before is kept
+  in registers as one ``[F_b, D]`` block per particle block (a Python loop over
+  the blocks). Per chunk of C rows: every block's projections, the shifts (favor:
+  the keys' running max over the prefix, which rescales S and z, and each query
+  row's max; softmaxfeat: each row's log-sum-exp), then out = (A v + φ(q) S) /
+  (A 1 + φ(q)·z) with A = tril(φ(q) φ(k)ᵀ) inside the chunk, and S, z updated.
+  """
+  n_f, m_total = num_feature_blocks, omega_ref.shape[0]
+  d_v = v_ref.shape[-1]
+  favor, softmax = name == 'favor', name == 'softmaxfeat'
+  scale = 2.0 * math.sqrt(m_total) if softmax else 1.0 / math.sqrt(m_total)
+  causal = jnp.arange(chunk)[:, None] >= jnp.arange(chunk)[None, :]
+  omegas = [omega_ref[pl.ds(f * block_f, block_f), :] for f in range(n_f)]
+
+  def row_shift(logits):
+    """Per row of [C, ·] logits: max (favor) or log-sum-exp over [s, −s] (softmaxfeat)."""
+    if favor:
+      return functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in logits])
+    m = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(s), axis=1) for s in logits])
+    total = sum(jnp.sum(jnp.exp(s - m[:, None]) + jnp.exp(-s - m[:, None]), axis=1)
+                for s in logits)
+    return m + jnp.log(total)
+
+  def feats(s, half, shift):
+    """[C, F_b] features of one particle block (softmaxfeat: the [φ⁺, φ⁻] pair)."""
+    if softmax:
+      return (jnp.exp(s - shift) * scale, jnp.exp(-s - shift) * scale)
+    return (_psi(name, s, half, shift) * scale,)
+
+  def body(t, carry):
+    states, norms, m = carry             # n_f (or 2·n_f) × [F_b, D], × [F_b]; favor's shift
+    rows = pl.ds(t * chunk, chunk)
+    q, k, v = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :]
+    keep = mask_ref[rows] > 0                                       # [C]
+    qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
+    half_q = 0.5 * jnp.sum(qf * qf, axis=1, keepdims=True)         # [C, 1]
+    half_k = 0.5 * jnp.sum(kf * kf, axis=1, keepdims=True)
+    sq = [_project(q, w) for w in omegas]                          # n_f × [C, F_b]
+    sk = [_project(k, w) for w in omegas]
+    shift_q = shift_k = 0.0
+    if favor:
+      lq = [s - half_q for s in sq]
+      lk = [jnp.where(keep[:, None], s - half_k, _NEG) for s in sk]
+      shift_q = row_shift(lq)[:, None]
+      m_new = jnp.maximum(m, row_shift(lk).max())
+      decay = jnp.exp(m - m_new)
+      states = [s * decay for s in states]
+      norms = [z * decay for z in norms]
+      shift_k = m_new
+    else:
+      m_new = m
+      if softmax:
+        shift_q, shift_k = row_shift(sq)[:, None], row_shift(sk)[:, None]
+    phi_q = [p for s in sq for p in feats(s, half_q, shift_q)]
+    phi_k = [jnp.where(keep[:, None], p, 0.0) for s in sk for p in feats(s, half_k, shift_k)]
+    v = jnp.where(keep[:, None], v, 0).astype(jnp.float32)
+    a = sum(_dot(pq, pk, trans_b=True) for pq, pk in zip(phi_q, phi_k))   # [C, C]
+    a = jnp.where(causal, a, 0.0)
+    num = _dot(a, v) + sum(_dot(pq, s) for pq, s in zip(phi_q, states))
+    den = jnp.sum(a, axis=1) + sum(jnp.sum(pq * z[None, :], axis=1)
+                                   for pq, z in zip(phi_q, norms))
+    o_ref[rows, :] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
+    states = [s + _dot(pk, v, trans_a=True) for s, pk in zip(states, phi_k)]
+    norms = [z + jnp.sum(pk, axis=0) for z, pk in zip(norms, phi_k)]
+    return states, norms, m_new
+
+  width = 2 * n_f if softmax else n_f
+  init = ([jnp.zeros((block_f, d_v), jnp.float32)] * width,
+          [jnp.zeros((block_f,), jnp.float32)] * width,
+          jnp.float32(_NEG if favor else 0.0))
+  jax.lax.fori_loop(0, num_chunks, body, init)
+
+
+def _causal_reference(q, k, v, omega, key_mask, *, name, eps):
+  """The XLA path: per-head features stored, then ``attention.causal_linear_attention``.
+
+  favor is stabilised per query row and, for keys, per (batch, head) over the
+  real keys (a constant per (b, h), so it cancels as the kernel's prefix max does).
+  """
+  from coulomb_jax import features  # pylint: disable=g-import-not-at-top
+  per_head = lambda f, x: jax.vmap(f, in_axes=(2, 0), out_axes=2)(x, omega)
+  if name == 'favor':
+    qf = per_head(functools.partial(features.favor, stabilize=True), q)
+    mask = None if key_mask is None else jnp.repeat(key_mask[:, :, None], q.shape[2], 2)
+    kf = jax.vmap(lambda x, w, msk: features.favor(x, w, stabilize=(-2, -1),
+                                                   stabilize_mask=msk),
+                  in_axes=(2, 0, None if mask is None else 2), out_axes=2)(k, omega, mask)
+  else:
+    fm = features.get_feature_map(name)
+    qf, kf = per_head(fm, q), per_head(fm, k)
+  return attention.causal_linear_attention(qf, kf, v, key_mask, eps=eps)
+
+
+def _causal_forward(q, k, v, omega, key_mask, *, name, chunk, block_f, eps, interpret,
+                    num_warps, num_stages):
+  b, length, h, dim = q.shape
+  d_v, num_features = v.shape[-1], omega.shape[1]
+  out_dtype = v.dtype
+  if interpret:
+    q, k, v = (a.astype(jnp.promote_types(a.dtype, jnp.float32)) for a in (q, k, v))
+  padded = pl.cdiv(length, chunk) * chunk
+  mask = jnp.ones((b, length), jnp.int32) if key_mask is None else key_mask.astype(jnp.int32)
+  q, k, v, mask = (_pad_rows(a, padded) for a in (q, k, v, mask))
+  rows = lambda width: pl.BlockSpec((None, padded, None, width), lambda i, j: (i, 0, j, 0))
+  out = pl.pallas_call(
+      functools.partial(_causal_kernel, name=name, chunk=chunk, block_f=block_f,
+                        num_chunks=padded // chunk,
+                        num_feature_blocks=num_features // block_f, eps=eps),
+      grid=(b, h),
+      in_specs=[rows(dim), rows(dim), rows(d_v),
+                pl.BlockSpec((None, padded), lambda i, j: (i, 0)),
+                pl.BlockSpec((None, num_features, dim), lambda i, j: (j, 0, 0))],
+      out_specs=rows(d_v),
+      out_shape=jax.ShapeDtypeStruct((b, padded, h, d_v), out_dtype),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret)(q, k, v, mask, omega.astype(jnp.float32))
+  return out[:, :length]
+
+
+_attend_causal = _with_xla_gradients(
+    _causal_forward, lambda q, k, v, omega, key_mask, opts: _causal_reference(
+        q, k, v, omega, key_mask, name=opts['name'], eps=opts['eps']))
+
+
+def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                                   omega: jax.Array, *, feature_map: str = 'favor',
+                                   key_mask: Optional[jax.Array] = None, chunk_size: int = 64,
+                                   block_f: Optional[int] = None,
+                                   eps: float = attention.DEFAULT_EPS,
+                                   interpret: Optional[bool] = None, num_warps: int = 4,
+                                   num_stages: int = 2) -> jax.Array:
+  r"""Causal linear attention from one Pallas kernel, ``[B, L, H, D]``: out_i sees j ≤ i.
+
+  The result of ``attention.causal_linear_attention(φ(q), φ(k), v, key_mask)``
+  with φ the per-head map of ``omega`` (favor: each query row's max and the
+  keys' running max over the prefix, which cancel), without storing the
+  ``[B, L, H, M]`` features: one program per (batch, head) walks the chunks of
+  C tokens in order, carrying S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) of the chunks
+  before in registers (see ``_causal_kernel``). favor's key shift is the running
+  max up to the end of the current chunk, so a key later in a query's own chunk
+  can move that query's shift: exact in real arithmetic (the shift cancels), equal
+  up to float32 rounding in practice. The grid has only B·H programs,
+  so it suits many sequences or heads; the chunks are sequential by nature.
+  Under differentiation the XLA path (stored features, ``causal_linear_attention``)
+  runs forward and backward, as for ``pallas_linear_attention``.
+
+  Args: as ``pallas_linear_attention``, with ``chunk_size`` C (a power of two;
+  L need not be a multiple of it) instead of the block and split sizes.
+  """
+  attention.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
+  if block_f is None:
+    block_f = math.gcd(omega.shape[1], 64)
+  chunk, block_f = (_power_of_two(n, x) for n, x in (('chunk_size', chunk_size),
+                                                     ('block_f', block_f)))
+  if omega.shape[1] % block_f:
+    raise ValueError(f'block_f must divide the number of particles M = {omega.shape[1]}, '
+                     f'got {block_f}.')
+  if interpret is None:
+    interpret = jax.default_backend() != 'gpu'
+  options = (('name', feature_map), ('chunk', chunk), ('block_f', block_f),
+             ('eps', float(eps)), ('interpret', bool(interpret)), ('num_warps', num_warps),
+             ('num_stages', num_stages))
+  return _attend_causal(q, k, v, omega, key_mask, options)

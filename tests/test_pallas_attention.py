@@ -134,7 +134,7 @@ def test_use_by_default():
 def test_use_by_default_falls_back_when_compiling_fails(monkeypatch):
   def broken(*args, **kwargs):
     raise NotImplementedError('no lowering for this op')
-  monkeypatch.setattr(pa, '_forward', broken)
+  monkeypatch.setattr(pa, 'pallas_linear_attention', broken)
   pa._compiles.cache_clear()
   x, v, omega = jnp.zeros((1, 16, 1, 16)), jnp.zeros((1, 16, 1, 32)), jnp.zeros((1, 64, 16))
   assert not pa.use_by_default(x, x, v, omega, 'cos2', interpret=True)
@@ -152,3 +152,65 @@ def test_bad_input(kwargs, match):
   q, k, v, omega, _ = _inputs(jax.random.key(9))
   with pytest.raises(ValueError, match=match):
     pa.pallas_linear_attention(q, k, v, omega, **kwargs)
+
+
+# ---- causal
+
+CAUSAL = dict(chunk_size=16, block_f=16)
+
+
+def _real(out, mask):
+  """Outputs at real query positions (padded ones are computed but meaningless)."""
+  return np.asarray(out)[np.broadcast_to(np.asarray(mask)[:, :, None, None], out.shape)]
+
+
+@pytest.mark.parametrize('name', pa.PALLAS_FEATURE_MAPS)
+def test_causal_kernel_equals_xla_path(name):
+  q, k, v, omega, mask = _inputs(jax.random.key(10))
+  out = pa.pallas_causal_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask,
+                                          **CAUSAL)
+  ref = pa._causal_reference(q, k, v, omega, mask, name=name, eps=attention.DEFAULT_EPS)
+  np.testing.assert_allclose(_real(out, mask), _real(ref, mask), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize('name', ['favor', 'softmaxfeat'])
+def test_causal_is_causal_and_stable(name):
+  # Exponents up to ~±60. The kernel shifts favor's keys by the running max of the prefix,
+  # the XLA path by the max over all keys: the two cancel alike, but the eps guard would
+  # then act on differently scaled denominators, so it is made negligible here.
+  q, k, v, omega, mask = _inputs(jax.random.key(11), scale=3.0)
+  out = pa.pallas_causal_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask,
+                                          eps=1e-30, **CAUSAL)
+  assert np.all(np.isfinite(out))
+  ref = pa._causal_reference(q, k, v, omega, mask, name=name, eps=1e-30)
+  np.testing.assert_allclose(_real(out, mask), _real(ref, mask), rtol=1e-4, atol=1e-5)
+  # The future does not leak: new keys and values after position 20 change nothing before.
+  k2 = k.at[:, 21:].set(-k[:, 21:])
+  v2 = v.at[:, 21:].set(7.0)
+  out2 = pa.pallas_causal_linear_attention(q, k2, v2, omega, feature_map=name, key_mask=mask,
+                                           eps=1e-30, **CAUSAL)
+  # Bit-identical before the chunk [16, 32) that holds position 21; inside it, favor's
+  # shift (the running max, taken per chunk) sees the later keys: equal up to rounding.
+  np.testing.assert_array_equal(out2[:, :16], out[:, :16])
+  np.testing.assert_allclose(out2[:, 16:21], out[:, 16:21], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(out2[0, 21:], out[0, 21:])
+
+
+def test_causal_gradients_are_the_xla_paths():
+  q, k, v, omega, mask = _inputs(jax.random.key(12))
+  w = jax.random.normal(jax.random.key(13), (B, L, H, D)) * mask[:, :, None, None]
+  fn = functools.partial(pa.pallas_causal_linear_attention, feature_map='elu', key_mask=mask,
+                         **CAUSAL)
+  ref = lambda *a: pa._causal_reference(*a, mask, name='elu', eps=attention.DEFAULT_EPS)
+  got = jax.grad(lambda *a: jnp.sum(w * fn(*a)), argnums=(0, 1, 2, 3))(q, k, v, omega)
+  want = jax.grad(lambda *a: jnp.sum(w * ref(*a)), argnums=(0, 1, 2, 3))(q, k, v, omega)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7)
+
+
+def test_causal_bad_input():
+  q, k, v, omega, _ = _inputs(jax.random.key(14))
+  with pytest.raises(ValueError, match='chunk_size must be a power of two'):
+    pa.pallas_causal_linear_attention(q, k, v, omega, chunk_size=24)
+  with pytest.raises(ValueError, match='feature_map'):
+    pa.pallas_causal_linear_attention(q, k, v, omega, feature_map='rff')
