@@ -55,7 +55,7 @@ fi
 
 $PY -m experiments.grid --dataset="$DATASETS" --seeds="$SEEDS" --variants="$VARIANTS" \
     --workdir="$WORK" --jobs="$JOBS" --no_new_runs_after_s=$((BUDGET_S - 150)) \
-    --kill_after_s="$BUDGET_S" -- --config.data.data_dir="$DATA_DIR" "${EXTRA[@]}" \
+    --kill_after_s="$BUDGET_S" -- --config.data.data_dir="$DATA_DIR" ${EXTRA[@]+"${EXTRA[@]}"} \
     2>&1 | tee "$OUT/grid.log" | grep -E "exit|not started|still running|failed"
 status=${PIPESTATUS[0]}
 
