@@ -59,7 +59,7 @@ def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
   going at ``kill_after_s`` are terminated (not counted as failed). After a
   failure no run starts.
   """
-  todo, running, failed = list(runs), {}, []
+  todo, running, failed, ended = list(runs), {}, [], set()
   begin = time.time()
   while todo or running:
     elapsed = time.time() - begin
@@ -76,10 +76,11 @@ def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
       todo = []
     killing = bool(kill_after_s) and elapsed > kill_after_s
     for proc, (out, _, _) in running.items():
-      if killing and proc.poll() is None:
+      if killing and proc.poll() is None and proc not in ended:
         logging.warning('%s: still running at %d s; ended (it resumes from its checkpoint).',
                         out, kill_after_s)
         proc.terminate()
+        ended.add(proc)
     for proc in [p for p in running if p.poll() is not None]:
       out, tick, log = running.pop(proc)
       log.close()
