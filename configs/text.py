@@ -3,7 +3,7 @@ r"""Shared config of the text-classification runs (SST-2, Rotten Tomatoes, QQP).
 Not a launch config itself: ``configs/{sst2,rotten_tomatoes,qqp}.py`` call
 ``get_text_config(task, variant)``. A variant string is a comma-separated list:
 one model variant (``kernel-<map>``, ``vanilla-<map>``, ``softmax``, ``performer``,
-``linformer``; default ``kernel-favor``) and optional modifiers (``quick``: a
+``linformer``, and the control ``ball-<map>``; default ``kernel-favor``) and optional modifiers (``quick``: a
 tiny smoke-sized run). Example:
 
   python -m experiments.train --config=configs/sst2.py:kernel-porf_softplus --workdir=workdir/sst2/kernel-porf_softplus/seed0

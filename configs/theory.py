@@ -48,7 +48,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.free_energy_particles = 256
   # Figure 2: sliced-Wasserstein distance between runs with N and 2N particles.
   config.sw_particles = [16, 32, 64, 128, 256]
+  # Inverse temperature β of the N-vs-2N runs.
   config.sw_beta = 1000.0
+  # Random projections of the sliced-Wasserstein estimate.
   config.sw_projections = 256
   # Figure 3: spread of the learned kernel across seeds, for each N and β.
   config.spread_particles = [16, 32, 64, 128, 256]
