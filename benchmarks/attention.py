@@ -76,9 +76,9 @@ def materialized(feature_map, omega, q, k, v):
   """omega: [H, M, D]. Features per head, stored, then linear_attention."""
   scale = q.shape[-1] ** -0.25                      # exp(q·k/√D) as in FAVOR+
   per_head = lambda f, a: jax.vmap(f, in_axes=(2, 0), out_axes=2)(a * scale, omega)
-  if feature_map == 'favor':
-    qf = per_head(functools.partial(features.favor, stabilize=True), q)
-    kf = per_head(functools.partial(features.favor, stabilize=(-2, -1)), k)  # per (b, h)
+  if feature_map == 'favor':                        # as models.KernelAttention
+    pair = lambda qh, kh, w: features.favor_pair(qh * scale, kh * scale, w)
+    qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
   else:
     fm = features.get_feature_map(feature_map)
     qf, kf = per_head(fm, q), per_head(fm, k)

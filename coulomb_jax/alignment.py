@@ -64,7 +64,11 @@ def centered_alignment(k1: jax.Array, k2: jax.Array) -> jax.Array:
         f'k1 and k2 must be square and of the same shape, got {k1.shape} and '
         f'{k2.shape}.')
   dtype = jnp.promote_types(jnp.result_type(k1, k2), jnp.float32)
-  c1, c2 = _center(jnp.asarray(k1, dtype)), _center(jnp.asarray(k2, dtype))
+  # Each centered kernel divided by its largest |entry| (ρ does not depend on the
+  # scales), so that the sums of squares stay in range for kernels of any scale.
+  unit = lambda c: c / jax.lax.stop_gradient(jnp.where(jnp.max(jnp.abs(c)) > 0,
+                                                       jnp.max(jnp.abs(c)), 1.0))
+  c1, c2 = (unit(_center(jnp.asarray(k, dtype))) for k in (k1, k2))
   num = jnp.sum(c1 * c2)
   den = jnp.sqrt(jnp.sum(jnp.square(c1)) * jnp.sum(jnp.square(c2)))
   safe = den > 0

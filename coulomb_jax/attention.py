@@ -87,7 +87,7 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
   Chunked prefix sums: the sequence is cut into chunks of C tokens; within a
   chunk the C×C causal part is computed explicitly, across chunks a running
   state S = Σ φ(k_j) v_jᵀ (``[B, H, F, D]``) and z = Σ φ(k_j) is carried by
-  ``lax.scan``. Memory O(L·(F + D) + C² + F·D), time O(L·(C + F)·D).
+  ``lax.scan``. Memory O(L·(F + D) + C² + F·D), time O(L·(C·(F + D) + F·D)).
 
   Args: as ``linear_attention``, plus ``chunk_size`` C ≥ 1 (L need not be a
   multiple of it: the tail is padded with masked keys).
@@ -152,16 +152,17 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
   r"""Bidirectional linear attention that never stores the ``[B, L, H, M]`` features.
 
   Same result as ``linear_attention(φ(q), φ(k), v, key_mask)`` with φ the
-  per-head map of ``omega`` (``favor`` stabilised as in ``models.KernelAttention``:
-  per query row, and per (batch, head) over real keys), but L is cut into
+  per-head map of ``omega`` (``favor`` stabilised as ``features.favor_pair``
+  does: per key feature over real keys, and per query row), but L is cut into
   chunks of C tokens and φ is computed inside each chunk:
 
   * keys: a ``lax.scan`` over chunks accumulates S = Σ_j φ(k_j) v_jᵀ
     ``[B, H, F, D]`` and z = Σ_j φ(k_j) ``[B, H, F]`` (F = M, or 2M for
     ``softmaxfeat``). For ``favor`` the
-    stabiliser is an online max (as in flash attention): S and z are rescaled
-    by e^{m_old − m_new} when a chunk raises the running max m, so the final
-    shift is the max over all real keys, exactly the unfused one;
+    stabiliser is an online max per feature (as in flash attention): row f
+    of S and z is rescaled by e^{m_f,old − m_f,new} when a chunk raises the
+    running max m_f, so the final shift is the max over all real keys,
+    exactly the unfused one; the queries add m_f to their logits;
   * queries: ``lax.map`` over chunks, out = φ(q) S / max(φ(q)ᵀ z, eps).
 
   Both bodies are ``jax.checkpoint``-ed, so the backward pass recomputes a
@@ -220,20 +221,19 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
 
   @jax.checkpoint
   def key_step(carry, inputs):
-    s, z, m = carry                       # [B, H, M, D], [B, H, M], [B, H] (running max)
+    s, z, m = carry                       # [B, H, M, D], [B, H, M], [B, H, M] (running max)
     kc, vc, mc = inputs                   # [B, C, H, d], [B, C, H, D], [B, C]
     keep = mc[:, :, None, None]
     vc = jnp.where(keep, vc, 0.0)
     if is_favor:
-      logits = log_favor(kc)
-      chunk_max = jnp.max(jnp.where(keep, logits, -jnp.inf), axis=(1, 3))   # [B, H]
+      logits = jnp.where(keep, log_favor(kc), -jnp.inf)
+      chunk_max = jnp.max(logits, axis=1)                                  # [B, H, M]
       m_new = jax.lax.stop_gradient(jnp.maximum(m, chunk_max))
       m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
       rescale = jnp.where(jnp.isfinite(m), jnp.exp(m - m_safe), 0.0)
-      phi = jnp.where(keep, jnp.exp(logits - m_safe[:, None, :, None]), 0.0)
-      phi = phi / jnp.sqrt(float(num_features))
-      s = s * rescale[..., None, None]
-      z = z * rescale[..., None]
+      phi = jnp.exp(logits - m_safe[:, None]) / jnp.sqrt(float(num_features))
+      s = s * rescale[..., None]
+      z = z * rescale
     else:
       phi = jnp.where(keep, fmap(kc, omega), 0.0)
       m_new = m
@@ -245,13 +245,14 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
   f_out = (num_features if is_favor else
            jax.eval_shape(fmap, jax.ShapeDtypeStruct((1, 1, h, dim), dtype), omega).shape[-1])
   init = (jnp.zeros((b, h, f_out, d_v), dtype), jnp.zeros((b, h, f_out), dtype),
-          jnp.full((b, h), -jnp.inf, dtype))
-  (s, z, _), _ = jax.lax.scan(key_step, init, (to_chunks(k), to_chunks(v), to_chunks(key_mask)))
+          jnp.full((b, h, f_out), -jnp.inf, dtype))
+  (s, z, m), _ = jax.lax.scan(key_step, init, (to_chunks(k), to_chunks(v), to_chunks(key_mask)))
+  m = jnp.where(jnp.isfinite(m), m, 0.0)                  # favor's per-feature key shift
 
   @jax.checkpoint
   def query_step(qc):                                     # [B, C, H, d] -> [B, C, H, D]
     if is_favor:
-      logits = log_favor(qc)
+      logits = log_favor(qc) + m[:, None]
       logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
       phi = jnp.exp(logits) / jnp.sqrt(float(num_features))
     else:

@@ -76,11 +76,15 @@ def favor(x: jax.Array, omega: jax.Array,
       between numerator and denominator of linear attention). An int or a
       tuple of axes of the ``[..., N]`` output takes the max over those axes,
       e.g. ``(-3, -1)`` for keys ``[B, L, H, N]``: one m per (batch, head),
-      which also cancels in attention. ``False``: the exact formula above.
+      which also cancels in attention (but can underflow the attention
+      denominator for large inputs: ``favor_pair`` stabilises queries and keys
+      together and cannot). ``False``: the exact formula above.
     stabilize_mask: optional bool array broadcastable to ``x.shape[:-1]``; rows
       where it is False (padded keys) do not enter the max, so padding can
       neither shift the stabiliser nor make real features underflow. If every
-      row of a group is masked, that group's shift is 0.
+      row of a group is masked, that group's shift is 0. Broadcasting aligns
+      trailing axes: for keys ``[B, L, H, d]`` and a ``[B, L]`` mask pass
+      ``key_mask[..., None]``.
   """
   x, s = _projection(x, omega)
   z = s - _half_sq_norm(x)
@@ -91,6 +95,58 @@ def favor(x: jax.Array, omega: jax.Array,
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     z = z - jax.lax.stop_gradient(m)
   return jnp.exp(z) / math.sqrt(omega.shape[0])
+
+
+def favor_pair(q: jax.Array, k: jax.Array, omega: jax.Array,
+               key_mask: Optional[jax.Array] = None):
+  r"""FAVOR+ features of queries and keys for attention, stabilised together.
+
+  With z(x)_f = ω_fᵀx − ‖x‖²/2, ``q: [..., L_q, d]``, ``k: [..., L_k, d]`` (the
+  same leading axes) and ``key_mask: [..., L_k]``:
+
+  * keys: φ(k_j)_f = e^{z(k_j)_f − m_f} / √N, with m_f = max over real keys of
+    z(k_j)_f, one shift per feature (and leading index);
+  * queries: φ(q_i)_f = e^{z(q_i)_f + m_f − M_i} / √N, with
+    M_i = max_f (z(q_i)_f + m_f), one shift per query row.
+
+  Then φ(q_i)ᵀφ(k_j) = e^{−M_i}·⟨favor(q_i), favor(k_j)⟩: the factor is the same
+  for every key of a query, so it cancels in the attention ratio, and every
+  entry is ≤ 1/√N (nothing overflows). Unlike one shift per query row and one
+  per (batch, head) for the keys (``favor(..., stabilize=...)``), the
+  denominator cannot underflow: for the feature f attaining M_i, φ(q_i)_f = 1/√N
+  and the key attaining m_f has φ(k_j)_f = 1/√N, so φ(q_i)ᵀΣ_j φ(k_j) ≥ 1/N. (Each
+  query's own best feature may otherwise meet only keys many orders of
+  magnitude below the keys' overall maximum, and a fixed guard ε on the
+  denominator then distorts the output.) Shifts are ``stop_gradient``-ed; the
+  ratio does not depend on them, so gradients are exact.
+
+  For causal attention m_f may come from a later key, so the bound holds only
+  for the rows after it; the ratio is still exact up to rounding.
+
+  Returns:
+    ``(q_feat [..., L_q, N], k_feat [..., L_k, N])``, at least float32.
+  """
+  _checks.check_min_rank('q', q, 2)
+  _checks.check_min_rank('k', k, 2)
+  if q.shape[:-2] != k.shape[:-2]:
+    raise ValueError(f'q and k must have the same leading axes [..., L, d], got {q.shape} '
+                     f'and {k.shape}.')
+  if key_mask is not None and jnp.shape(key_mask) != k.shape[:-1]:
+    raise ValueError(f'key_mask must have shape {k.shape[:-1]} (k without its last axis), '
+                     f'got {jnp.shape(key_mask)}.')
+  q, sq = _projection(q, omega)
+  k, sk = _projection(k, omega)
+  zq, zk = sq - _half_sq_norm(q), sk - _half_sq_norm(k)           # [..., L, N]
+  where = None if key_mask is None else jnp.asarray(key_mask)[..., None]
+  m = jnp.max(zk, axis=-2, keepdims=True, where=where, initial=-jnp.inf)   # [..., 1, N]
+  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+  zq = zq + m
+  zq = zq - jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
+  zk = zk - m
+  if where is not None:                   # padded keys: φ = 0, whatever their logits
+    zk = jnp.where(where, zk, -jnp.inf)
+  scale = math.sqrt(omega.shape[0])
+  return jnp.exp(zq) / scale, jnp.exp(zk) / scale
 
 
 def elu(x: jax.Array, omega: jax.Array) -> jax.Array:

@@ -59,17 +59,36 @@ def project_to_ball(omega: jax.Array, radius: Union[float, jax.Array]) -> jax.Ar
   return omega * scale.astype(omega.dtype)
 
 
-def clip_by_global_norm(grad, clip_norm, sq_norm=None):
-  """``grad · min(1, clip_norm / ‖grad‖)``; ``sq_norm`` overrides ‖grad‖² (e.g. a psum).
+def global_norm(tree, axis_name=None) -> jax.Array:
+  """‖tree‖₂ over all leaves (and over the devices of ``axis_name``), in float32.
+
+  Computed as m·√(Σ (g/m)²) with m = max |g|, so it stays finite up to float32's
+  largest value: Σ g² itself overflows once ‖g‖ ≳ 1.8e19, which the Riesz
+  gradient reaches for large exponents s (close pairs give ε^{−s−1}).
+  """
+  leaves = [jnp.asarray(g, jnp.promote_types(g.dtype, jnp.float32))
+            for g in jax.tree.leaves(tree)]
+  m = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(g)) for g in leaves])
+  if axis_name is not None:
+    m = jax.lax.pmax(m, axis_name)
+  safe = jnp.where((m > 0) & jnp.isfinite(m), m, 1.0)
+  sq = sum(jnp.sum(jnp.square(g / safe)) for g in leaves)
+  if axis_name is not None:
+    sq = jax.lax.psum(sq, axis_name)
+  return jnp.where(jnp.isfinite(m), safe * jnp.sqrt(sq), m)
+
+
+def clip_by_global_norm(grad, clip_norm, norm=None):
+  """``grad · min(1, clip_norm / ‖grad‖)``; ``norm`` overrides ‖grad‖ (e.g. over devices).
 
   The rule of ``optax.clip_by_global_norm``, as a function: the sharded step needs
-  to pass the norm summed over devices, which the optax transformation cannot take.
+  to pass the norm over all devices, which the optax transformation cannot take.
+  The norm is ``global_norm``'s (no overflow of the sum of squares).
   """
   if clip_norm is None:
     return grad
-  if sq_norm is None:
-    sq_norm = optax.tree.norm(grad, squared=True)
-  norm = jnp.sqrt(sq_norm)
+  if norm is None:
+    norm = global_norm(grad)
   scale = jnp.where(norm > clip_norm, clip_norm / jnp.where(norm > 0, norm, 1.0), 1.0)
   return jax.tree.map(lambda g: g * scale.astype(g.dtype), grad)
 
@@ -206,8 +225,8 @@ def _run_langevin(key, omega, x, y, lam, s, softening, step_size, beta, radius,
 
   def active_step(omega, t, idx):
     (h, terms), grad = jax.value_and_grad(energy, has_aux=True)(omega, x[idx], y[idx])
-    grad_norm = optax.tree.norm(grad)
-    grad = clip_by_global_norm(grad, clip_norm, jnp.square(grad_norm))
+    grad_norm = global_norm(grad)
+    grad = clip_by_global_norm(grad, clip_norm, grad_norm)
     new, frac = _move(jax.random.fold_in(noise_key, t), omega, grad, step_size=step_size,
                       beta=beta, radius=radius, num_particles=omega.shape[0])
     move = jnp.max(jnp.linalg.norm(new - omega, axis=-1))
@@ -246,6 +265,12 @@ def gibbs_resample(
   what the dynamics samples particle k from given the others. Returns those
   particles. β = ∞ puts all mass on the minimisers of U.
 
+  This is the literal reading of the paper's "resample D particles from the
+  particles' Gibbs distribution". Note what it implies: particles that already
+  sample exp(−βU) (a stationary run) reweighted by exp(−βU) again give draws
+  from ∝ exp(−2βU) restricted to the particles, i.e. twice the temperature's
+  inverse; pass ``beta / 2`` for draws at β. Nothing in ``experiments/`` uses it.
+
   Returns:
     ``(samples [D, d], indices [D])``.
   """
@@ -275,7 +300,9 @@ def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius:
   particle array ``[..., N, d]`` with its own N = ``shape[-2]`` and per-row
   balls; clipping uses the global norm over all leaves. Step t's noise comes
   from ``fold_in(key, t)``, split over leaves. Meant as the particles' entry of
-  ``optax.partition`` in Phase A.
+  ``optax.partition`` in Phase A. Returning a difference that ``apply_updates``
+  adds back costs one more rounding than ``langevin_step``: a particle on the
+  sphere can end a few ulps outside the ball (float32: ~1e-7 relative).
   """
   _check_step_args(step_size, beta, radius, clip_norm)
 

@@ -12,8 +12,9 @@ them with ``optax.set_to_zero``). Two modes for queries and keys:
 
 Values and the output always have their projections. Inputs are scaled by
 D_h^{−1/4} before the feature map (so ⟨φ(q), φ(k)⟩ estimates exp(qᵀk/√D_h) for
-``favor``), and ``favor`` is stabilised per query row and per (batch, head) for
-keys (over real keys only), which cancels in the attention ratio.
+``favor``), and ``favor`` is stabilised with ``features.favor_pair``: one shift
+per key feature (over real keys) and one per query row, which cancel in the
+attention ratio and keep its denominator ≥ 1/M.
 """
 
 import functools
@@ -109,12 +110,6 @@ class KernelAttention(nn.Module):
       q, k = dense(name='query')(x), dense(name='key')(x)
     v = dense(name='value')(x)
     scale = head_dim ** -0.25
-    if self.feature_map == 'favor':
-      q_map = functools.partial(features.favor, stabilize=True)
-      # One shift per (batch, head), over real keys only.
-      k_map = functools.partial(features.favor, stabilize=(-2, -1), stabilize_mask=mask)
-    else:
-      q_map = k_map = fm
     # One feature map per head: vmap over the head axis of inputs and particles.
     # Phase A's data: the per-head mean over real tokens of the (scaled) keys,
     # ``[B, H, D_h]``; collected with ``mutable=['intermediates']``.
@@ -124,9 +119,16 @@ class KernelAttention(nn.Module):
           q * scale, k * scale, v, particles, feature_map=self.feature_map, key_mask=mask,
           chunk_size=self.chunk_size)
       return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
-    per_head = lambda f, a: jax.vmap(f, in_axes=(2, 0), out_axes=2)(a * scale, particles)
+    if self.feature_map == 'favor':
+      # Stabilised together (shifts per key feature and per query row, over real keys).
+      pair = lambda qh, kh, w: features.favor_pair(qh, kh, w, mask)
+      q_feat, k_feat = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q * scale, k * scale,
+                                                                     particles)
+    else:
+      per_head = lambda a: jax.vmap(fm, in_axes=(2, 0), out_axes=2)(a * scale, particles)
+      q_feat, k_feat = per_head(q), per_head(k)
     out_fn = attention.causal_linear_attention if self.causal else attention.linear_attention
-    out = out_fn(per_head(q_map, q), per_head(k_map, k), v, mask)
+    out = out_fn(q_feat, k_feat, v, mask)
     return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
 
 

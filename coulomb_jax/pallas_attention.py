@@ -16,13 +16,15 @@ the output and the small ``[F, D]`` states cross HBM:
    .. math:: S_{s,f} = \sum_{j ∈ s} φ_f(k_j) v_jᵀ  \;[F_b, D],\qquad
              z_{s,f} = \sum_{j ∈ s} φ_f(k_j) \;[F_b].
 
-   For ``favor`` the exponent is shifted by an online max m_{s,f} (rescaling
-   S and z when a block raises it, as in flash attention); the partials are
-   then combined in JAX with the factors e^{m_{s,f} − max m}, so the final
-   shift is the max over all real keys of (b, h): exactly the unfused one.
+   For ``favor`` the exponent of feature f is shifted by an online max
+   m_{s,f} (rescaling row f of S and z when a block raises it, as in flash
+   attention); the partials are then combined in JAX with the factors
+   e^{m_{s,f} − max_s m_{s,f}}, so the final shift of feature f is its max
+   over all real keys of (b, h): exactly ``features.favor_pair``'s.
 2. **queries** (grid ``[B, H, L/C_q]``): out = φ(q) S / max(φ(q)ᵀ z, eps),
-   walking the feature blocks with an online per-row max for ``favor`` (the
-   row shift cancels between numerator and denominator).
+   walking the feature blocks with an online per-row max for ``favor`` (its
+   logits plus the keys' shifts m_f, as in ``features.favor_pair``; the row
+   shift cancels between numerator and denominator).
 
 Splitting the keys over S programs gives the GPU B·H·S·F/F_b programs even for
 small B·H. HBM traffic: q, k, v read once, the output written once, plus the
@@ -72,8 +74,10 @@ def _dot(a, b, trans_a=False, trans_b=False, precision=None):
 def _project(x, omega):
   """s = x ωᵀ in float32: the exponent of most maps, so never with bf16 operands.
 
-  Float32 inputs: an exact (IEEE) product. 16-bit inputs: TF32 (10-bit mantissa,
-  tensor cores); the particles stay float32, so they are not rounded to bf16.
+  Float32 inputs: the backend's default float32 dot (on recent NVIDIA GPUs Triton
+  lowers it to TF32, as XLA's default precision does for the reference path).
+  16-bit inputs: TF32 explicitly; the particles stay float32, so they are not
+  rounded to bf16.
   """
   fast = x.dtype.itemsize < 4
   return _dot(x.astype(jnp.float32), omega, trans_b=True,
@@ -105,7 +109,7 @@ def _psi(name, s, half_sq_norm, shift):
 
 def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
                 block_k, num_blocks, scale):
-  """One (b, h, split, feature block): partial S [F_b, D], z [F_b] and its shift m."""
+  """One (b, h, split, feature block): partial S [F_b, D], z [F_b] and favor's shifts m [F_b]."""
   omega = omega_ref[...]                                   # [F_b, d]
   f_b, d_v = omega.shape[0], v_ref.shape[-1]
 
@@ -119,30 +123,38 @@ def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
     kf = k.astype(jnp.float32)
     half = 0.5 * jnp.sum(kf * kf, axis=1, keepdims=True)   # [C_k, 1]
     if name == 'favor':
+      # One running max per feature (row f of acc and z rescaled when it rises).
       logits = jnp.where(keep[:, None], s - half, _NEG)
-      m_new = jnp.maximum(m, jnp.max(logits))
-      acc, z = acc * jnp.exp(m - m_new), z * jnp.exp(m - m_new)
-      phi = jnp.exp(logits - m_new)                       # masked rows: exp(−1e30) = 0
+      m_new = jnp.maximum(m, jnp.max(logits, axis=0))     # [F_b]
+      decay = jnp.exp(m - m_new)
+      acc, z = acc * decay[:, None], z * decay
+      phi = jnp.exp(logits - m_new[None, :])
     else:
       m_new = m
-      phi = jnp.where(keep[:, None], _psi(name, s, half, 0.0), 0.0)
-    phi = phi * scale
+      phi = _psi(name, s, half, 0.0)
+    # where, not a product: masked rows are 0 even while the running max is still −1e30.
+    phi = jnp.where(keep[:, None], phi * scale, 0.0).astype(v.dtype)
     v = jnp.where(keep[:, None], v, 0).astype(v.dtype)   # never read padded values
-    acc = acc + _dot(phi.astype(v.dtype), v, trans_a=True)
-    z = z + jnp.sum(phi, axis=0)
+    acc = acc + _dot(phi, v, trans_a=True)
+    z = z + jnp.sum(phi.astype(jnp.float32), axis=0)     # the same (rounded) φ as in S
     return acc, z, m_new
 
   init = (jnp.zeros((f_b, d_v), jnp.float32), jnp.zeros((f_b,), jnp.float32),
-          jnp.float32(_NEG if name == 'favor' else 0.0))
+          jnp.full((f_b,), _NEG if name == 'favor' else 0.0, jnp.float32))
   acc, z, m = jax.lax.fori_loop(0, num_blocks, body, init)
   s_ref[...] = acc
   z_ref[...] = z
-  m_ref[...] = jnp.full((f_b,), m, jnp.float32)
+  m_ref[...] = m
 
 
-def _query_kernel(q_ref, omega_ref, s_ref, z_ref, o_ref, *, name, block_f, num_blocks,
+def _query_kernel(q_ref, omega_ref, s_ref, z_ref, *refs, name, block_f, num_blocks,
                   scale, eps):
-  """One (b, h, query block): out = φ(q) S / max(φ(q)ᵀ z, eps), [C_q, D]."""
+  """One (b, h, query block): out = φ(q) S / max(φ(q)ᵀ z, eps), [C_q, D].
+
+  ``refs``: (m_ref, o_ref) for favor (m: the keys' per-feature shifts, added to
+  the query logits as in ``features.favor_pair``), else (o_ref,).
+  """
+  m_ref, o_ref = refs if name == 'favor' else (None,) + refs
   q = q_ref[...]                                           # [C_q, d]
   c_q, d_v = q.shape[0], s_ref.shape[-1]
   qf = q.astype(jnp.float32)
@@ -156,7 +168,7 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, o_ref, *, name, block_f, num_b
     z_blk = z_ref[feats]                                   # [F_b]
     s = _project(q, omega)                                 # [C_q, F_b]
     if name == 'favor':
-      logits = s - half
+      logits = s - half + m_ref[feats][None, :]
       m_new = jnp.maximum(m, jnp.max(logits, axis=1))
       rescale = jnp.exp(m - m_new)
       num, den = num * rescale[:, None], den * rescale
@@ -164,10 +176,11 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, o_ref, *, name, block_f, num_b
     else:
       m_new = m
       phi = _psi(name, s, half, 0.0)
-    phi = phi * scale
-    # φ(q) S in q's dtype (bf16 inputs: a bf16 product, as flash attention's P V).
-    num = num + _dot(phi.astype(q.dtype), s_blk.astype(q.dtype))
-    den = den + jnp.sum(phi * z_blk[None, :], axis=1)
+    # φ(q) S in q's dtype (bf16 inputs: a bf16 product; the denominator uses the
+    # same rounded φ, so only the state's rounding differs between the two).
+    phi = (phi * scale).astype(q.dtype)
+    num = num + _dot(phi, s_blk.astype(q.dtype))
+    den = den + jnp.sum(phi.astype(jnp.float32) * z_blk[None, :], axis=1)
     return num, den, m_new
 
   init = (jnp.zeros((c_q, d_v), jnp.float32), jnp.zeros((c_q,), jnp.float32),
@@ -318,11 +331,13 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
         out_specs=[state_spec, norm_spec, norm_spec],
         out_shape=[part(num_features, d_v), part(num_features), part(num_features)],
         **params)(k_p, v_p, mask_p, omega)
-    # Combine the partials on one shift per (b, h): the max over splits and blocks.
-    m = jnp.max(m_part, axis=(2, 3), keepdims=True)               # [B, H, 1, 1]
+    # Combine the partials on one shift per feature (favor): the max over the splits.
+    m = jnp.max(m_part, axis=2, keepdims=True)                    # [B, H, 1, F]
     w = jnp.exp(m_part - m)                                       # [B, H, S, F]
     states = [jnp.einsum('bhsf,bhsfd->bhfd', w, s_part),          # [B, H, F, D]
               jnp.sum(w * z_part, axis=2)]                        # [B, H, F]
+    if name == 'favor':       # No real key at all: m stays −1e30 (S, z are 0); use 0.
+      states.append(jnp.where(m[:, :, 0] > 0.5 * _NEG, m[:, :, 0], 0.0))
     kernel = functools.partial(_query_kernel, name=name, block_f=block_f, num_blocks=n_f,
                                scale=scale, eps=eps)
 
@@ -474,9 +489,11 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
   The running state S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j) of the chunks before is kept
   in registers as one ``[F_b, D]`` block per particle block (a Python loop over
   the blocks). Per chunk of C rows: every block's projections, the shifts (favor:
-  the keys' running max over the prefix, which rescales S and z, and each query
-  row's max; softmaxfeat: each row's log-sum-exp), then out = (A v + φ(q) S) /
-  (A 1 + φ(q)·z) with A = tril(φ(q) φ(k)ᵀ) inside the chunk, and S, z updated.
+  each feature's running max over the keys of the prefix, which rescales its row
+  of S and z, added to the query logits, then each query row's max, as in
+  ``features.favor_pair``; softmaxfeat: each row's log-sum-exp), then
+  out = (A v + φ(q) S) / (A 1 + φ(q)·z) with A = tril(φ(q) φ(k)ᵀ) inside the
+  chunk, and S, z updated.
   """
   n_f, m_total = num_feature_blocks, omega_ref.shape[0]
   d_v = v_ref.shape[-1]
@@ -501,7 +518,7 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
     return (_psi(name, s, half, shift) * scale,)
 
   def body(t, carry):
-    states, norms, m = carry             # n_f (or 2·n_f) × [F_b, D], × [F_b]; favor's shift
+    states, norms, m = carry    # n_f (or 2·n_f) × [F_b, D], × [F_b]; favor: n_f × [F_b] shifts
     rows = pl.ds(t * chunk, chunk)
     q, k, v = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :]
     keep = mask_ref[rows] > 0                                       # [C]
@@ -510,22 +527,26 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
     half_k = 0.5 * jnp.sum(kf * kf, axis=1, keepdims=True)
     sq = [_project(q, w) for w in omegas]                          # n_f × [C, F_b]
     sk = [_project(k, w) for w in omegas]
-    shift_q = shift_k = 0.0
     if favor:
-      lq = [s - half_q for s in sq]
+      # Keys: each feature's running max over the prefix (this chunk included); queries:
+      # logits plus those shifts, minus each row's max (as features.favor_pair).
       lk = [jnp.where(keep[:, None], s - half_k, _NEG) for s in sk]
-      shift_q = row_shift(lq)[:, None]
-      m_new = jnp.maximum(m, row_shift(lk).max())
-      decay = jnp.exp(m - m_new)
-      states = [s * decay for s in states]
-      norms = [z * decay for z in norms]
-      shift_k = m_new
+      m_new = [jnp.maximum(mf, jnp.max(l, axis=0)) for mf, l in zip(m, lk)]
+      decay = [jnp.exp(mf - mn) for mf, mn in zip(m, m_new)]
+      states = [s * dc[:, None] for s, dc in zip(states, decay)]
+      norms = [z * dc for z, dc in zip(norms, decay)]
+      m_q = [jnp.where(mn > 0.5 * _NEG, mn, 0.0) for mn in m_new]   # 0 before any real key
+      shift_q = row_shift([s - half_q + mq[None, :] for s, mq in zip(sq, m_q)])[:, None]
+      phi_q = [_psi(name, s, half_q, shift_q - mq[None, :]) * scale for s, mq in zip(sq, m_q)]
+      phi_k = [jnp.where(keep[:, None], jnp.exp(l - mn[None, :]) * scale, 0.0)
+               for l, mn in zip(lk, m_new)]
     else:
       m_new = m
+      shift_q = shift_k = 0.0
       if softmax:
         shift_q, shift_k = row_shift(sq)[:, None], row_shift(sk)[:, None]
-    phi_q = [p for s in sq for p in feats(s, half_q, shift_q)]
-    phi_k = [jnp.where(keep[:, None], p, 0.0) for s in sk for p in feats(s, half_k, shift_k)]
+      phi_q = [p for s in sq for p in feats(s, half_q, shift_q)]
+      phi_k = [jnp.where(keep[:, None], p, 0.0) for s in sk for p in feats(s, half_k, shift_k)]
     v = jnp.where(keep[:, None], v, 0).astype(jnp.float32)
     a = sum(_dot(pq, pk, trans_b=True) for pq, pk in zip(phi_q, phi_k))   # [C, C]
     a = jnp.where(causal, a, 0.0)
@@ -540,24 +561,21 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
   width = 2 * n_f if softmax else n_f
   init = ([jnp.zeros((block_f, d_v), jnp.float32)] * width,
           [jnp.zeros((block_f,), jnp.float32)] * width,
-          jnp.float32(_NEG if favor else 0.0))
+          [jnp.full((block_f,), _NEG, jnp.float32)] * n_f if favor else jnp.float32(0.0))
   jax.lax.fori_loop(0, num_chunks, body, init)
 
 
 def _causal_reference(q, k, v, omega, key_mask, *, name, eps):
   """The XLA path: per-head features stored, then ``attention.causal_linear_attention``.
 
-  favor is stabilised per query row and, for keys, per (batch, head) over the
-  real keys (a constant per (b, h), so it cancels as the kernel's prefix max does).
+  favor: ``features.favor_pair`` (per key feature over all real keys, and per
+  query row; constants per feature, so they cancel as the kernel's prefix maxima do).
   """
   from coulomb_jax import features  # pylint: disable=g-import-not-at-top
   per_head = lambda f, x: jax.vmap(f, in_axes=(2, 0), out_axes=2)(x, omega)
   if name == 'favor':
-    qf = per_head(functools.partial(features.favor, stabilize=True), q)
-    mask = None if key_mask is None else jnp.repeat(key_mask[:, :, None], q.shape[2], 2)
-    kf = jax.vmap(lambda x, w, msk: features.favor(x, w, stabilize=(-2, -1),
-                                                   stabilize_mask=msk),
-                  in_axes=(2, 0, None if mask is None else 2), out_axes=2)(k, omega, mask)
+    pair = lambda qh, kh, w: features.favor_pair(qh, kh, w, key_mask)
+    qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
   else:
     fm = features.get_feature_map(name)
     qf, kf = per_head(fm, q), per_head(fm, k)
@@ -605,13 +623,13 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   r"""Causal linear attention from one Pallas kernel, ``[B, L, H, D]``: out_i sees j ≤ i.
 
   The result of ``attention.causal_linear_attention(φ(q), φ(k), v, key_mask)``
-  with φ the per-head map of ``omega`` (favor: each query row's max and the
-  keys' running max over the prefix, which cancel), without storing the
+  with φ the per-head map of ``omega`` (favor: each feature's running max over
+  the keys of the prefix and each query row's max, which cancel), without storing the
   ``[B, L, H, M]`` features: one program per (batch, head) walks the chunks of
   C tokens in order, carrying S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) of the chunks
-  before in registers (see ``_causal_kernel``). favor's key shift is the running
-  max up to the end of the current chunk, so a key later in a query's own chunk
-  can move that query's shift: exact in real arithmetic (the shift cancels), equal
+  before in registers (see ``_causal_kernel``). favor's key shifts are running
+  maxima up to the end of the current chunk, so a key later in a query's own chunk
+  can move that query's shifts: exact in real arithmetic (the shifts cancel), equal
   up to float32 rounding in practice. The grid has only B·H programs,
   so it suits many sequences or heads; the chunks are sequential by nature.
   Under differentiation the XLA path (stored features, ``causal_linear_attention``)

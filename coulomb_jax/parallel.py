@@ -81,8 +81,7 @@ def sharded_langevin_step(
     return data + lam * (2.0 / num) * jnp.sum(pot)
 
   grad = jax.grad(local_energy)(omega_shard)
-  sq_norm = jax.lax.psum(jnp.sum(jnp.square(grad)), axis_name)
-  grad = langevin.clip_by_global_norm(grad, clip_norm, sq_norm)
+  grad = langevin.clip_by_global_norm(grad, clip_norm, langevin.global_norm(grad, axis_name))
   new, _ = langevin._move(key, omega_shard, grad, step_size=step_size, beta=beta,
                           radius=radius, num_particles=num, row_offset=offset)
   return new

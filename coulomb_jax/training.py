@@ -132,17 +132,26 @@ def phase_a_inputs(model: nn.Module, params, batch) -> Dict[Tuple[str, ...], jax
 
 def phase_a_objective(params, inputs, labels, weights, *, feature_map, lam: float, s,
                       softening: float):
-  """(H, {"alignment": Σ A, "repulsion": Σ W}) summed over layers and heads."""
+  """(H, {"alignment": Σ A, "repulsion": Σ W}) summed over layers and heads.
+
+  ``weights``: ``[B]``, 1 for real rows and 0 for padding rows. Padding rows get
+  y = 0, and A is rescaled by B(B − 1) / (n(n − 1)), n = Σ weights, so that it is
+  the U-statistic over the n real rows only (0 if n < 2).
+  """
   flat = traverse_util.flatten_dict(params)
+  weights = weights.astype(jnp.float32)
   y = (2.0 * labels.astype(jnp.float32) - 1.0) * weights
+  size, n = weights.shape[0], jnp.sum(weights)
+  rescale = jnp.where(n >= 2, size * (size - 1) / jnp.maximum(n * (n - 1), 1.0), 0.0)
   total = align = repel = 0.0
   for path, r in inputs.items():
     omega = flat[path + (PARTICLES,)]                      # [H, M, D_h]
     terms = jax.vmap(lambda w, x: hamiltonian.hamiltonian_terms(
         w, x, y, feature_map=feature_map, lam=lam, s=s, softening=softening),
                      in_axes=(0, 1))(omega, r.astype(jnp.float32))
-    total = total + jnp.sum(terms[0])
-    align = align + jnp.sum(terms[1]['alignment'])
+    a = jnp.sum(terms[1]['alignment'])
+    total = total + jnp.sum(terms[0]) - (rescale - 1.0) * a        # −A → −rescale·A
+    align = align + rescale * a
     repel = repel + jnp.sum(terms[1]['repulsion'])
   return total, {'alignment': align, 'repulsion': repel}
 
@@ -216,7 +225,7 @@ def make_phase_b_step(model: nn.Module, optimizer: optax.GradientTransformation)
     params = optax.apply_updates(state.params, updates)
     correct = (jnp.argmax(logits, -1) == batch['labels']) * batch['weights']
     metrics = {'loss': loss, 'accuracy': jnp.sum(correct) / jnp.maximum(
-        jnp.sum(batch['weights']), 1.0), 'grad_norm': optax.tree_utils.tree_norm(grads)}
+        jnp.sum(batch['weights']), 1.0), 'grad_norm': optax.tree.norm(grads)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return step

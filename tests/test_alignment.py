@@ -54,6 +54,9 @@ def test_centered_alignment_matches_definition_and_bounds():
   np.testing.assert_allclose(alignment.centered_alignment(k1, k1), 1.0, rtol=1e-5)
   np.testing.assert_allclose(alignment.centered_alignment(k1, -k1), -1.0, rtol=1e-5)
   assert alignment.centered_alignment(k1, jnp.ones_like(k1)) == 0.0   # constant kernel
+  # Scale-invariant even where the product of the two squared norms leaves float32.
+  for c in (1e25, 1e-25):
+    np.testing.assert_allclose(alignment.centered_alignment(c * k1, k2), rho, rtol=1e-4)
 
 
 def test_bad_input():

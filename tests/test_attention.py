@@ -120,8 +120,8 @@ def _unfused(q, k, v, omega, name, mask):
   import functools
   per_head = lambda f, a: jax.vmap(f, in_axes=(2, 0), out_axes=2)(a, omega)
   if name == 'favor':
-    qf = per_head(functools.partial(features.favor, stabilize=True), q)
-    kf = per_head(functools.partial(features.favor, stabilize=(-2, -1), stabilize_mask=mask), k)
+    pair = lambda qh, kh, w: features.favor_pair(qh, kh, w, mask)
+    qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
   else:
     qf, kf = per_head(features.get_feature_map(name), q), per_head(features.get_feature_map(name), k)
   return attention.linear_attention(qf, kf, v, mask)
@@ -165,6 +165,34 @@ def test_fused_favor_survives_large_logits_and_bf16():
   bf = attention.fused_linear_attention(*(a.astype(jnp.bfloat16) for a in (q, k, v)), omega,
                                         key_mask=mask, chunk_size=8)
   assert bf.dtype == jnp.bfloat16 and np.all(np.isfinite(np.asarray(bf, np.float32)))
+
+
+def _exact_favor_attention(q, k, v, omega, mask):
+  """Float64 numpy: out_i = Σ_j w_ij v_j / Σ_j w_ij, w_ij = Σ_f e^{z(q_i)_f + z(k_j)_f}."""
+  q, k, v, omega = (np.asarray(a, np.float64) for a in (q, k, v, omega))
+  z = lambda x: np.einsum('blhd,hmd->blhm', x, omega) - 0.5 * np.sum(x * x, -1, keepdims=True)
+  a = z(q)[:, :, None] + z(k)[:, None]                                # [B, Lq, Lk, H, M]
+  top = a.max(-1, keepdims=True)
+  logw = top[..., 0] + np.log(np.exp(a - top).sum(-1))               # [B, Lq, Lk, H]
+  logw = np.where(np.asarray(mask)[:, None, :, None], logw, -np.inf)
+  w = np.exp(logw - logw.max(2, keepdims=True))
+  return np.einsum('bijh,bjhd->bihd', w / w.sum(2, keepdims=True), v)
+
+
+def test_favor_exact_where_one_key_shift_per_head_underflows():
+  # Inputs of norm ~11 against N(0, I) particles: with one key shift per (batch, head),
+  # many queries' features meet only keys e^{-50} or more below the keys' maximum and the
+  # eps guard distorted the output by O(1). Per-feature key shifts keep it exact.
+  ks = jax.random.split(jax.random.key(9), 4)
+  q, k = (1.4 * jax.random.normal(kk, (2, 40, 1, 64)) for kk in ks[:2])
+  v = jax.random.normal(ks[2], (2, 40, 1, 8))
+  omega = jax.random.normal(ks[3], (1, 64, 64))
+  mask = jnp.arange(40)[None] < jnp.array([[40], [23]])
+  ref = _exact_favor_attention(q, k, v, omega, mask)
+  real = np.asarray(mask)[:, :, None, None]
+  for out in (_unfused(q, k, v, omega, 'favor', mask),
+              attention.fused_linear_attention(q, k, v, omega, key_mask=mask, chunk_size=16)):
+    np.testing.assert_allclose(np.where(real, out, 0), np.where(real, ref, 0), atol=2e-5)
 
 
 def test_fused_bad_input():

@@ -109,6 +109,54 @@ def test_favor_stabilize_mask_excludes_rows_from_the_max():
   np.testing.assert_allclose(none, features.favor(real, omega), rtol=1e-6)  # shift 0
 
 
+def _favor_pair_inputs(scale):
+  kq, kk, kw = jax.random.split(jax.random.key(11), 3)
+  q = scale * jax.random.normal(kq, (2, 24, 16))     # [B, L, d]
+  k = scale * jax.random.normal(kk, (2, 24, 16))
+  omega = jax.random.normal(kw, (32, 16))
+  mask = jnp.arange(24)[None] < jnp.array([[24], [9]])
+  return q, k, omega, mask
+
+
+def test_favor_pair_is_favor_up_to_one_factor_per_query_row():
+  q, k, omega, mask = _favor_pair_inputs(0.3)
+  qf, kf = features.favor_pair(q, k, omega, mask)
+  gram = jnp.einsum('bif,bjf->bij', qf, kf)
+  exact = jnp.einsum('bif,bjf->bij', features.favor(q, omega), features.favor(k, omega))
+  ratio = np.where(mask[:, None, :], gram / exact, np.nan)          # real keys only
+  row = np.nanmean(ratio, axis=-1, keepdims=True)
+  np.testing.assert_allclose(np.where(mask[:, None, :], ratio, row), np.broadcast_to(row, ratio.shape),
+                             rtol=1e-5)
+  assert np.all(np.asarray(kf)[~np.asarray(mask)] == 0)            # padded keys: φ = 0
+
+
+def test_favor_pair_bounds_features_and_the_attention_denominator():
+  # Inputs large enough that a per-(batch) key shift leaves most queries' features
+  # facing keys e^{-100} below the maximum.
+  q, k, omega, mask = _favor_pair_inputs(3.0)
+  qf, kf = features.favor_pair(q, k, omega, mask)
+  n = omega.shape[0]
+  assert np.all(np.isfinite(qf)) and np.all(np.isfinite(kf))
+  assert float(jnp.max(qf)) <= 1 / np.sqrt(n) * (1 + 1e-6)
+  assert float(jnp.max(kf)) <= 1 / np.sqrt(n) * (1 + 1e-6)
+  den = jnp.einsum('bif,bf->bi', qf, jnp.sum(kf, axis=1))
+  assert float(jnp.min(den)) >= (1 / n) * (1 - 1e-5)
+  # Padded keys do not enter the shifts: garbage there changes no real feature.
+  k_garbage = jnp.where(mask[..., None], k, 1e3)
+  qg, kg = features.favor_pair(q, k_garbage, omega, mask)
+  np.testing.assert_array_equal(qg, qf)
+  np.testing.assert_array_equal(kg, kf)
+
+
+def test_favor_pair_bad_input():
+  q, k, omega, mask = _favor_pair_inputs(1.0)
+  with pytest.raises(ValueError, match='same leading axes'):
+    features.favor_pair(q[:1], k, omega)
+  with pytest.raises(ValueError, match=r'key_mask must have shape \(2, 24\)'):
+    features.favor_pair(q, k, omega, mask[:, :5])
+
+
+
 @pytest.mark.parametrize('name', sorted(features.FEATURE_MAPS))
 def test_every_map_shape_scale_dtype_and_transforms(name):
   fm = features.get_feature_map(name)

@@ -261,3 +261,17 @@ def test_projection_property(radius, scale, seed):
   np.testing.assert_allclose(langevin.project_to_ball(proj, radius), proj, rtol=1e-6)
   inside = np.linalg.norm(omega, axis=-1) <= radius
   np.testing.assert_array_equal(np.asarray(proj)[inside], omega[inside])
+
+
+def test_global_norm_does_not_overflow_and_clipping_keeps_the_direction():
+  tree = {'a': jnp.array([[3.0, 4.0]]), 'b': jnp.array([12.0])}
+  np.testing.assert_allclose(langevin.global_norm(tree), 13.0, rtol=1e-6)
+  np.testing.assert_allclose(langevin.global_norm(tree), optax.tree.norm(tree), rtol=1e-6)
+  # Σ g² overflows float32 here (≈ 1.7e62); the norm itself (1.3e31) does not.
+  huge = jax.tree.map(lambda g: g * 1e30, tree)
+  assert np.isinf(float(optax.tree.norm(huge, squared=True)))
+  np.testing.assert_allclose(langevin.global_norm(huge), 1.3e31, rtol=1e-6)
+  clipped = langevin.clip_by_global_norm(huge, 10.0)
+  np.testing.assert_allclose(clipped['a'], [[30 / 13, 40 / 13]], rtol=1e-5)
+  np.testing.assert_allclose(clipped['b'], [120 / 13], rtol=1e-5)
+  assert float(langevin.global_norm({'z': jnp.zeros(3)})) == 0.0

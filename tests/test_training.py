@@ -94,6 +94,14 @@ def test_phase_a_objective_is_the_core_hamiltonian_summed_over_layers_and_heads(
              for path, r in inputs.items() for h in range(2))
   np.testing.assert_allclose(got, want, rtol=1e-5)
   np.testing.assert_allclose(got, -aux['alignment'] + 0.3 * aux['repulsion'], rtol=1e-5)
+  # Padding rows (weight 0) change nothing: the objective of the 5 real rows alone.
+  weights = (jnp.arange(8) < 5).astype(jnp.float32)
+  padded, _ = training.phase_a_objective(params, inputs, batch['labels'], weights,
+                                         feature_map='softplus', lam=0.3, s=1.0, softening=0.5)
+  real = sum(hamiltonian.hamiltonian(flat[path + ('particles',)][h], r[:5, h], y[:5],
+                                     feature_map='softplus', lam=0.3, s=1.0, softening=0.5)
+             for path, r in inputs.items() for h in range(2))
+  np.testing.assert_allclose(padded, real, rtol=1e-5)
 
 
 def test_phase_a_raises_the_alignment_on_a_fixed_batch():
