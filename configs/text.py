@@ -65,7 +65,8 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.data.bucket_size = 64
   # Use only a fixed random N training rows (0 = all); for smoke runs and tests.
   config.data.max_train_examples = 0
-  # Evaluate on only the first N validation and test rows (0 = all); for smoke runs and tests.
+  # Evaluate on only a fixed random N validation and test rows (0 = all); for smoke runs
+  # and tests.
   config.data.max_eval_examples = 0
 
   config.model = ml_collections.ConfigDict()

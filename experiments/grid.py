@@ -11,7 +11,7 @@ session. Arguments after ``--`` are passed to every run (config overrides).
 
 Runs start in order seed, dataset, variant (all of seed 0 first), ``--jobs`` at
 a time (several runs share one GPU well: the paper-sized model is far too small
-to fill one). ``--no_new_runs_after_s`` stops starting runs after that many
+to fill one; with ``--jobs`` > 1 they do not preallocate its memory). ``--no_new_runs_after_s`` stops starting runs after that many
 seconds and ``--kill_after_s`` ends the runs still going (they keep their last
 checkpoint), so a grid fits a fixed lease; see ``experiments/gpu_grid.sh``.
 After a failed run no new run starts; the command exits non-zero once the
@@ -38,11 +38,15 @@ def run_dir(workdir, dataset, variant, seed):
 
 
 def plan(datasets, variants, seeds, workdir):
-  """``[(dataset, variant, seed, run_dir)]`` of the runs without ``results.json``, in order."""
+  """``[(dataset, variant, seed, run_dir)]`` of the runs without ``results.json``, in order.
+
+  Repeated names are dropped (two processes must never share a run folder).
+  """
   runs = []
-  for seed in seeds:
-    for dataset in datasets:
-      for variant in variants:
+  unique = lambda names: list(dict.fromkeys(names))
+  for seed in unique(seeds):
+    for dataset in unique(datasets):
+      for variant in unique(variants):
         out = run_dir(workdir, dataset, variant, seed)
         if os.path.exists(os.path.join(out, 'results.json')):
           logging.info('done already: %s', out)
@@ -56,9 +60,14 @@ def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
 
   Each command's output goes to ``<run_dir>/log.txt``. Limits in seconds from
   the call, 0 for none: no start after ``no_new_runs_after_s``; the runs still
-  going at ``kill_after_s`` are terminated (not counted as failed). After a
-  failure no run starts.
+  going at ``kill_after_s`` are terminated (not counted as failed; a run that
+  exits non-zero without being terminated is, whenever it ends). After a failure
+  no run starts. With ``jobs`` > 1 the runs get ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
+  (unless set), so that no process takes most of a shared GPU's memory up front.
   """
+  env = dict(os.environ)
+  if jobs > 1:
+    env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   todo, running, failed, ended = list(runs), {}, [], set()
   begin = time.time()
   while todo or running:
@@ -69,8 +78,8 @@ def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
       os.makedirs(out, exist_ok=True)
       logging.info('running: %s', ' '.join(cmd))
       log = open(os.path.join(out, 'log.txt'), 'a')  # pylint: disable=consider-using-with
-      running[subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)] = (out, time.time(),
-                                                                              log)
+      proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+      running[proc] = (out, time.time(), log)
     if todo and not may_start:
       logging.warning('%d run(s) not started: %s', len(todo), [out for out, _ in todo])
       todo = []
@@ -85,7 +94,7 @@ def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
       out, tick, log = running.pop(proc)
       log.close()
       logging.info('%s: exit %d after %.0f s', out, proc.returncode, time.time() - tick)
-      if proc.returncode and not killing:
+      if proc.returncode and proc not in ended:
         failed.append(out)
     if running:
       time.sleep(poll_s)
@@ -101,7 +110,10 @@ def main(argv):
   variants = text.VARIANTS if fl.variants == ['all'] else fl.variants
   for v in variants:
     text.parse_variant(v)                     # fails on a bad name before anything runs
-  seeds = [int(s) for s in fl.seeds]
+  try:
+    seeds = [int(s) for s in fl.seeds]
+  except ValueError:
+    raise ValueError(f'--seeds: expected integers, got {fl.seeds}.') from None
   for name, low in (('jobs', 1), ('no_new_runs_after_s', 0), ('kill_after_s', 0)):
     if getattr(fl, name) < low:
       raise ValueError(f'--{name}: must be ≥ {low}, got {getattr(fl, name)}.')

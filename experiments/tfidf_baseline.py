@@ -24,7 +24,9 @@ as the neural runs). Choices:
   for every C of ``c_grid``; the kept C has the best validation accuracy (ties:
   lower validation log loss, as ``experiments.train`` keeps its epoch); the
   test split is only scored, with the model of that C (not refitted).
-* ``train_seconds`` covers fitting the vectorizer and every C of the grid.
+* ``train_seconds`` covers fitting the vectorizer, featurising every split, and
+  fitting every C of the grid and scoring it on validation (the selection);
+  only the test scoring is left out.
 """
 
 import os
@@ -123,10 +125,19 @@ if __name__ == '__main__':
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    for task in _TASKS.value:             # Every flag checked before any fit.
+      if task not in TASKS:
+        raise app.UsageError(f'--tasks: expected names in {list(TASKS)}, got {task!r}.')
+    try:
+      c_grid = [float(c) for c in _C_GRID.value]
+    except ValueError:
+      raise app.UsageError(f'--c_grid: expected numbers > 0, got {_C_GRID.value}.') from None
+    if not c_grid or any(not c > 0 for c in c_grid):
+      raise app.UsageError(f'--c_grid: expected numbers > 0, got {_C_GRID.value}.')
     meta = provenance.run_metadata('experiments.tfidf_baseline')
     os.makedirs(_OUT.value, exist_ok=True)
     for task in _TASKS.value:
-      r = run_tfidf(task, _DATA_DIR.value, [float(c) for c in _C_GRID.value], meta=meta)
+      r = run_tfidf(task, _DATA_DIR.value, c_grid, meta=meta)
       provenance.write_json_atomic(os.path.join(_OUT.value, f'{task}.json'), r, indent=1)
       v, t = r['validation'], r['test']
       print(f"{task}: C={r['C']:g} validation accuracy {v['accuracy']:.4f}; test accuracy "

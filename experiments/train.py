@@ -77,6 +77,8 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
   positive_int('data.max_length', d.max_length, 4)
   positive_int('data.vocab_size', d.vocab_size, 16)
   positive_int('data.pad_multiple', d.pad_multiple)
+  if d.max_length % d.pad_multiple:      # Padded batches must never exceed max_length.
+    fail('data.max_length', d.max_length, f'a multiple of data.pad_multiple={d.pad_multiple}')
   positive_int('data.bucket_size', d.bucket_size)
   positive_int('data.max_train_examples', d.max_train_examples, 0)
   positive_int('data.max_eval_examples', d.max_eval_examples, 0)
@@ -100,9 +102,19 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
   positive('phase_a.lam', a.lam, allow_zero=True)
   positive('phase_a.softening', a.softening, allow_zero=True)
   positive('phase_a.tolerance', a.tolerance, allow_zero=True)
-  if a.riesz_s != 'coulomb':
-    positive('phase_a.riesz_s', a.riesz_s, allow_zero=True)
+  if a.riesz_s != 'coulomb':             # A string field: a number arrives as '1.0'.
+    try:
+      riesz_s = float(a.riesz_s)
+    except (TypeError, ValueError):
+      riesz_s = -1.0
+    if not riesz_s >= 0:
+      fail('phase_a.riesz_s', a.riesz_s, "'coulomb' or a number ≥ 0 (as a string, e.g. '1.0')")
+  elif a.enabled and m.width // m.num_heads < 2:
+    fail('phase_a.riesz_s', a.riesz_s, f'a number for head dimension '
+         f'{m.width // m.num_heads} (coulomb is s = D_h − 2, D_h ≥ 2)')
   positive_int('phase_a.num_epochs', a.num_epochs, 0)
+  if a.enabled and a.num_epochs == 0:
+    fail('phase_a.num_epochs', a.num_epochs, 'an integer ≥ 1 when phase_a.enabled')
   if a.schedule not in PHASE_A_SCHEDULES:
     fail('phase_a.schedule', a.schedule, f'one of {PHASE_A_SCHEDULES}')
   for field in ('learning_rate', 'clip_norm'):
@@ -121,6 +133,36 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
   positive_int('run.log_every', r.log_every)
   positive_int('run.checkpoint_every', r.checkpoint_every, 0)
   positive_int('seed', config.seed, 0)
+  _check_variant(config, fail)
+
+
+def _check_variant(config, fail) -> None:
+  """The fields ``config.variant`` implies (``configs/text.py``), so a run is never
+  reported (and paired) under a variant it did not train."""
+  from configs import text  # pylint: disable=g-import-not-at-top
+  try:
+    name, _ = text.parse_variant(config.variant)
+  except ValueError:
+    fail('variant', config.variant, f'one of {text.VARIANTS}')
+  kind, _, fmap = name.partition('-')
+  if kind in ('vanilla', 'kernel', 'ball'):
+    implied = {'model.attention': 'kernel', 'model.feature_map': fmap,
+               'phase_a.enabled': kind == 'kernel'}
+  elif name == 'performer':
+    implied = {'model.attention': 'kernel', 'model.feature_map': 'favor',
+               'model.qk_mode': 'projected', 'model.orthogonal': True,
+               'phase_a.enabled': False}
+  else:
+    implied = {'model.attention': name, 'phase_a.enabled': False}
+  for field, want in implied.items():
+    section, key = field.split('.')
+    if config[section][key] != want:
+      fail(field, config[section][key],
+           f'{want!r} for variant {name!r} (or change config.variant)')
+  if (config.model.init_radius > 0) != (kind == 'ball'):
+    fail('model.init_radius', config.model.init_radius,
+         f"{'> 0' if kind == 'ball' else '0'} for variant {name!r} (only ball-X projects its "
+         f"initial particles)")
 
 
 # ----------------------------------------------------------------------------- data
@@ -406,7 +448,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if chief and os.path.exists(history_path):
     # Epochs evaluated after the restored checkpoint are evaluated again: drop them.
     with open(history_path) as f:
-      kept = [line for line in f if json.loads(line)['step'] <= int(ckpt['step_b'])]
+      lines = [line for line in f if line.strip()]
+    kept = []
+    for i, line in enumerate(lines):
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        if i == len(lines) - 1:           # A last line torn by the kill: evaluated again.
+          continue
+        raise
+      if record['step'] <= int(ckpt['step_b']):
+        kept.append(line if line.endswith('\n') else line + '\n')
     provenance.write_atomic(history_path, ''.join(kept))
   steps_this_call = 0
 

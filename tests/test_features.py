@@ -125,8 +125,8 @@ def test_favor_pair_is_favor_up_to_one_factor_per_query_row():
   exact = jnp.einsum('bif,bjf->bij', features.favor(q, omega), features.favor(k, omega))
   ratio = np.where(mask[:, None, :], gram / exact, np.nan)          # real keys only
   row = np.nanmean(ratio, axis=-1, keepdims=True)
-  np.testing.assert_allclose(np.where(mask[:, None, :], ratio, row), np.broadcast_to(row, ratio.shape),
-                             rtol=1e-5)
+  np.testing.assert_allclose(np.where(mask[:, None, :], ratio, row),
+                             np.broadcast_to(row, ratio.shape), rtol=1e-5)
   assert np.all(np.asarray(kf)[~np.asarray(mask)] == 0)            # padded keys: φ = 0
 
 

@@ -21,6 +21,9 @@ def test_plan_order_and_skips_finished_runs(tmp_path):
       ('sst2', 'softmax', 1), ('sst2', 'kernel-elu', 1), ('qqp_subset', 'softmax', 1),
       ('qqp_subset', 'kernel-elu', 1)]
   assert runs[0][3] == grid.run_dir(str(tmp_path), 'sst2', 'kernel-elu', 0)
+  # Repeated names: one run each (two processes must never share a folder).
+  assert grid.plan(['sst2', 'sst2'], ['softmax'], [1, 1], str(tmp_path)) == [
+      ('sst2', 'softmax', 1, grid.run_dir(str(tmp_path), 'sst2', 'softmax', 1))]
 
 
 def test_runs_in_parallel_and_logs(tmp_path):
@@ -53,6 +56,15 @@ def test_limits_stop_starting_and_end_running_runs(tmp_path):
   with open(tmp_path / 'long' / 'log.txt') as f:
     assert 'finished' not in f.read()      # Terminated, not waited for.
   assert not os.path.exists(tmp_path / 'queued')
+
+
+def test_a_run_that_fails_by_itself_near_the_kill_limit_counts_as_failed(tmp_path):
+  # One poll every 3 s: 'crash' exits by itself long before the first poll, which
+  # comes after the 1 s limit and terminates only 'long' (resumable, not failed).
+  runs = [(str(tmp_path / 'long'), _py('import time; time.sleep(60)')),
+          (str(tmp_path / 'crash'), _py('raise SystemExit(2)'))]
+  failed = grid.run_all(runs, jobs=2, kill_after_s=1, poll_s=3.0)
+  assert failed == [str(tmp_path / 'crash')]
 
 
 def test_commit_of_a_copy_without_git(tmp_path, monkeypatch):

@@ -259,6 +259,25 @@ def test_bad_config_fails_before_any_compute(field, value, tmp_path):
   assert not os.path.exists(tmp_path / 'w')
 
 
+@pytest.mark.parametrize('field, value, match', [
+    ('data.max_length', 100, 'multiple of data.pad_multiple'),
+    ('phase_a.riesz_s', 'two', "'coulomb' or a number"),
+    ('phase_a.num_epochs', 0, 'when phase_a.enabled'),
+    ('model.feature_map', 'elu', "'favor' for variant 'kernel-favor'"),
+    ('phase_a.enabled', False, "True for variant 'kernel-favor'"),
+    ('model.init_radius', 1.5, "0 for variant 'kernel-favor'"),
+    ('variant', 'nonsense', 'one of')])
+def test_config_checks_catch_inconsistent_fields(field, value, match):
+  from experiments import train
+  config = _config(**({} if field == 'variant' else {field: value}))
+  if field == 'variant':
+    config.variant = value
+  with pytest.raises(ValueError, match=f'config.{field}: expected .*{match}'):
+    train.check_config(config)
+  config = _config(**{'phase_a.riesz_s': '1.0'})    # a number, as the command line gives it
+  train.check_config(config)
+
+
 def test_phase_a_on_softmax_attention_is_refused():
   from experiments import train
   config = _config(**{'model.attention': 'softmax'})
