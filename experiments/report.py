@@ -139,6 +139,37 @@ def _check_same_settings(runs):
                        f'with different settings: {diff[:5]}; their seeds cannot be averaged.')
 
 
+# Fields a variant sets (configs/text.py): they may differ between the rows of a table.
+_VARIANT_FIELDS = ('variant', 'model.attention', 'model.feature_map', 'model.qk_mode',
+                   'model.orthogonal', 'model.init_radius', 'phase_a.enabled')
+
+
+def _phase_a_on(run):
+  return bool(run.get('config', {}).get('phase_a', {}).get('enabled'))
+
+
+def _shared_diff(a_run, b_run):
+  """Settings two variants of one table must share but do not: all but the variants' own
+  fields, and Phase A's only when both run it (they do nothing otherwise)."""
+  a, b = ({k: v for k, v in _settings(r).items() if k not in _VARIANT_FIELDS}
+          for r in (a_run, b_run))
+  if not (_phase_a_on(a_run) and _phase_a_on(b_run)):
+    a, b = ({k: v for k, v in d.items() if not k.startswith('phase_a.')} for d in (a, b))
+  return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def check_comparable(runs):
+  """Refuses a table (and its paired differences) whose variants were trained with
+  different shared settings, e.g. a grid resumed with other epochs for some variants."""
+  firsts = [group[0] for group in _by_variant(runs).values()]
+  for i, a in enumerate(firsts):
+    for b in firsts[i + 1:]:
+      diff = _shared_diff(a, b)
+      if diff:
+        raise ValueError(f'{a["path"]} and {b["path"]} (same dataset) were trained with '
+                         f'different settings: {diff[:5]}; they cannot share a table.')
+
+
 # ----------------------------------------------------------------------------- aggregation
 
 def _number(x):
@@ -231,6 +262,7 @@ def run_commands(runs):
 def dataset_summary(dataset, runs, unfinished, reference, meta) -> dict:
   if dataset not in SPLIT_NAMES:
     raise ValueError(f'dataset {dataset!r}: expected one of {sorted(SPLIT_NAMES)}.')
+  check_comparable(runs)
   return {
       'dataset': dataset, 'split': SPLIT_NAMES[dataset], 'command': meta['command'],
       'commit': meta['commit'], 'date': meta['date'], 'machine': meta['machine'],

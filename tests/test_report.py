@@ -156,6 +156,18 @@ def test_seeds_with_different_settings_are_not_averaged(tmp_path):
     report.write_report(root, str(tmp_path / 'out'), str(tmp_path / 'r.md'), meta=META)
 
 
+def test_variants_with_different_shared_settings_cannot_share_a_table(tmp_path):
+  root = str(tmp_path / 'grid')
+  _write_run(root, 'sst2', 'kernel-favor', 0, 0.8, epochs=2,
+             phase_a={'enabled': True, 'num_epochs': 1})
+  _write_run(root, 'sst2', 'vanilla-favor', 0, 0.8, epochs=2,
+             phase_a={'enabled': False, 'num_epochs': 10})   # Phase A off: its fields ignored
+  report.write_report(root, str(tmp_path / 'out'), str(tmp_path / 'r.md'), meta=META)
+  _write_run(root, 'sst2', 'softmax', 0, 0.8, epochs=5)
+  with pytest.raises(ValueError, match=r"\['phase_b.num_epochs'\]; they cannot share a table"):
+    report.write_report(root, str(tmp_path / 'out2'), str(tmp_path / 'r2.md'), meta=META)
+
+
 def test_a_field_added_later_counts_as_its_old_behaviour(tmp_path):
   root = str(tmp_path / 'grid')
   _write_run(root, 'sst2', 'kernel-favor', 0, 0.8)  # recorded before phase_a.schedule existed
