@@ -366,6 +366,35 @@ def _open_writer(workdir):
 
 # ----------------------------------------------------------------------------- main loop
 
+def _record_session(workdir, meta):
+  """Appends this call's commit, date and devices to ``<workdir>/sessions.json``.
+
+  A run resumed in a later session may run other code or on other devices: the
+  results keep every session (``results['sessions']``), not only the last one's
+  commit, and a change of device count (sharded sums, so the final parameters are
+  no longer bit-identical to an uninterrupted run) is logged as a warning.
+  """
+  path = os.path.join(workdir, 'sessions.json')
+  sessions = []
+  if os.path.exists(path):
+    with open(path) as f:
+      sessions = json.load(f)
+  now = {'commit': meta.get('commit'), 'date': meta.get('date'),
+         'device_count': jax.device_count(), 'platform': jax.default_backend()}
+  if sessions and (sessions[-1]['device_count'], sessions[-1]['platform']) != (
+      now['device_count'], now['platform']):
+    logging.warning('Resuming %s on %d %s device(s) after %d %s: not bit-identical to an '
+                    'uninterrupted run.', workdir, now['device_count'], now['platform'],
+                    sessions[-1]['device_count'], sessions[-1]['platform'])
+  if sessions and sessions[-1]['commit'] != now['commit']:
+    logging.warning('Resuming %s at commit %s after %s.', workdir, now['commit'],
+                    sessions[-1]['commit'])
+  sessions.append(now)
+  if jax.process_index() == 0:
+    provenance.write_json_atomic(path, sessions, indent=1)
+  return sessions
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        stop_after_steps: Optional[int] = None,
                        meta: Optional[dict] = None) -> Optional[dict]:
@@ -386,6 +415,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   else:
     provenance.write_json_atomic(config_path, _fingerprint(config), indent=1)
   meta = meta or provenance.run_metadata('experiments.train')
+  sessions = _record_session(workdir, meta)
 
   encoded, vocab_size = load_data(config, workdir)
   sharder = Sharder()
@@ -581,6 +611,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                  phase_b_seconds=float(ckpt['seconds_b']),
                  train_seconds=float(ckpt['seconds_a'] + ckpt['seconds_b']),
                  num_devices=jax.device_count(),
+                 sessions=sessions,
                  num_params=int(sum(x.size for x in jax.tree.leaves(best))))
   for split in ('validation', 'test'):
     results[split] = evaluate(predict, best, encoded[split], config.run.eval_batch_size,

@@ -221,6 +221,8 @@ def test_end_to_end_on_64_sst2_rows_and_resume_gives_the_same_parameters(tmp_pat
   assert train.train_and_evaluate(_config(), resumed_dir, stop_after_steps=5) is None  # in B
   resumed = train.train_and_evaluate(_config(), resumed_dir)
   assert resumed['test'] == full['test']
+  assert len(full['sessions']) == 1 and len(resumed['sessions']) == 3   # one per call
+  assert {s['device_count'] for s in resumed['sessions']} == {jax.device_count()}
   for a, b in zip(jax.tree.leaves(_final_params(resumed_dir)),
                   jax.tree.leaves(_final_params(str(tmp_path / 'full')))):
     np.testing.assert_array_equal(a, b)
