@@ -48,6 +48,7 @@ tensorflow_datasets is imported only then; nothing is downloaded unless
 """
 
 import csv
+import functools
 import importlib
 import os
 import tempfile
@@ -187,6 +188,56 @@ def _take(examples: Examples, index: np.ndarray) -> Examples:
   return Examples([examples.text_a[i] for i in index], text_b, examples.labels[index])
 
 
+VALIDATION_RULES = ('rows', 'sentences')
+"""How ``load_split`` carves 'validation' out of a training file (see its docstring)."""
+
+
+def _spans(tokens):
+  """Every contiguous span of a token list (itself included), as strings."""
+  n = len(tokens)
+  return {' '.join(tokens[i:j]) for i in range(n) for j in range(i + 1, n + 1)}
+
+
+@functools.lru_cache(maxsize=4)
+def _sentence_split_cached(texts, validation_size, validation_seed):
+  return sentence_split(list(texts), validation_size, validation_seed)
+
+
+def sentence_split(texts, validation_size: int, validation_seed: int = 0):
+  """SST-2's phrase-level rows split by sentence: ``(train_index, validation_index)``.
+
+  GLUE's train.tsv holds, deduplicated, every phrase of the parse trees of the
+  training sentences, and not the sentence ids. Here a *sentence* is a row that is
+  not a proper token span of another row (processing rows longest first, a row is
+  one iff no earlier sentence contains it). 'validation' is ``validation_size``
+  sentences drawn with ``np.random.default_rng(validation_seed)``; 'train' keeps
+  every other row that is a span of a sentence left in train, i.e. it drops the
+  rows that can only have come from the validation sentences. So validation
+  relates to train as GLUE dev does (full sentences; their generic sub-phrases,
+  e.g. "the film", may occur in train as phrases of other sentences, their own
+  phrases do not). Indices are sorted (file order).
+  """
+  tokens = [t.split() for t in texts]
+  order = sorted(range(len(texts)), key=lambda i: -len(tokens[i]))
+  contained, sentences = set(), []
+  for i in order:
+    if texts[i] not in contained and ' '.join(tokens[i]) not in contained:
+      sentences.append(i)
+      contained |= _spans(tokens[i])
+  sentences.sort()
+  if validation_size >= len(sentences):
+    raise ValueError(f'validation_size must be < the {len(sentences)} sentences of the '
+                     f'training file, got {validation_size}.')
+  perm = np.random.default_rng(validation_seed).permutation(len(sentences))
+  chosen = {sentences[k] for k in perm[:validation_size]}
+  keep = set()
+  for i in sentences:
+    if i not in chosen:
+      keep |= _spans(tokens[i])
+  train = [i for i in range(len(texts)) if i not in chosen and ' '.join(tokens[i]) in keep]
+  return np.asarray(train, np.int64), np.asarray(sorted(chosen), np.int64)
+
+
 _FILES = {  # task → (file of train+validation, file of test, reader)
     'sst2': ('glue/SST-2/train.tsv', 'glue/SST-2/dev.tsv', _read_sst2),
     'qqp_subset': ('glue/QQP/quora-pairs-20k/train_10k.utf8.tsv',
@@ -206,14 +257,17 @@ def _import_tfds_builders():
 
 
 def load_split(task: str, data_dir: str, split: str, *, validation_size: int = 1000,
-               validation_seed: int = 0, source: str = 'files',
+               validation_seed: int = 0, validation_rule: str = 'rows', source: str = 'files',
                tfds_data_dir: Optional[str] = None, download: bool = False) -> Examples:
   """One split of a task (see the module docstring); examples keep file order.
 
   For sst2, qqp_subset and qqp, 'validation' is rows ``perm[:validation_size]`` of
   the training file and 'train' the rows ``perm[validation_size:]``, with
   ``perm = np.random.default_rng(validation_seed).permutation(num_rows)``; both
-  are disjoint and sorted back into file order.
+  are disjoint and sorted back into file order. ``validation_rule='sentences'``
+  (sst2 only) draws ``validation_size`` whole sentences instead and drops from
+  'train' the phrases that only they contain (``sentence_split``): the held-out
+  rows are then as unseen as GLUE dev's, unlike 'rows' (the module docstring).
 
   ``source='files'`` (the default) reads the local files under ``data_dir``.
   ``source='tfds'`` reads a tensorflow_datasets copy in ``tfds_data_dir`` (tfds'
@@ -239,6 +293,12 @@ def load_split(task: str, data_dir: str, split: str, *, validation_size: int = 1
     raise TypeError(f'download must be a bool, got {download!r}.')
   validation_size = _checks.check_int('validation_size', validation_size, 0)
   validation_seed = _checks.check_int('validation_seed', validation_seed, 0)
+  if validation_rule not in VALIDATION_RULES:
+    raise ValueError(f'validation_rule must be one of {VALIDATION_RULES}, got '
+                     f'{validation_rule!r}.')
+  if validation_rule == 'sentences' and task != 'sst2':
+    raise ValueError(f"validation_rule='sentences' is for sst2 (phrase-level rows), got "
+                     f'task={task!r}.')
   if source == 'tfds':
     builders = _import_tfds_builders()
     manual_dir = os.path.join(data_dir, 'rotten_tomatoes') if data_dir else None
@@ -261,6 +321,11 @@ def load_split(task: str, data_dir: str, split: str, *, validation_size: int = 1
       return read_file(os.path.join(data_dir, test_file))
     where = os.path.join(data_dir, train_file)
     examples = read_file(where)
+  if validation_rule == 'sentences':
+    # Cached: the train and validation splits are loaded by separate calls.
+    train, validation = _sentence_split_cached(tuple(examples.text_a), validation_size,
+                                               validation_seed)
+    return _take(examples, validation if split == 'validation' else train)
   n = len(examples.labels)
   if validation_size >= n:
     raise ValueError(

@@ -63,7 +63,8 @@ _FREE_FIELDS = ('seed', 'data.data_dir', 'run')
 # Config fields added after some runs were made, with the value that reproduces what
 # those runs did: a run recorded without the field counts as having this value.
 _ADDED_FIELDS = {'model.chunk_size': 0, 'model.init_radius': 0.0,
-                 'data.max_eval_examples': 0, 'phase_a.schedule': 'joint'}
+                 'data.max_eval_examples': 0, 'phase_a.schedule': 'joint',
+                 'data.validation_rule': 'rows'}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -263,6 +264,12 @@ def dataset_summary(dataset, runs, unfinished, reference, meta) -> dict:
   if dataset not in SPLIT_NAMES:
     raise ValueError(f'dataset {dataset!r}: expected one of {sorted(SPLIT_NAMES)}.')
   check_comparable(runs)
+  rules = {_settings(r).get('data.validation_rule') for r in runs}
+  ref_rule = (reference or {}).get('validation_rule', 'rows')
+  if reference is not None and rules and rules != {ref_rule}:
+    raise ValueError(f'{dataset}: the TF-IDF row held validation out by {ref_rule!r}, the runs '
+                     f'by {sorted(rules)}; pass --tfidf with a matching row '
+                     f'(experiments.tfidf_baseline --validation_rule).')
   return {
       'dataset': dataset, 'split': SPLIT_NAMES[dataset], 'command': meta['command'],
       'commit': meta['commit'], 'date': meta['date'], 'machine': meta['machine'],

@@ -70,7 +70,7 @@ def _better(new, best):
 
 
 def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
-              meta: Optional[dict] = None) -> dict:
+              validation_rule: str = 'rows', meta: Optional[dict] = None) -> dict:
   """Fits the reference on ``task``'s train split; returns a results dict (see module doc)."""
   if task not in data.TASKS:
     raise ValueError(f'task must be one of {data.TASKS}, got {task!r}.')
@@ -78,7 +78,8 @@ def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
   if not c_grid or any(not c > 0 for c in c_grid):
     raise ValueError(f'c_grid must be a non-empty list of numbers > 0, got {c_grid!r}.')
   meta = meta or provenance.run_metadata('experiments.tfidf_baseline')
-  splits = {s: data.load_split(task, data_dir, s) for s in data.SPLITS}
+  splits = {s: data.load_split(task, data_dir, s, validation_rule=validation_rule)
+            for s in data.SPLITS}
 
   tick = time.perf_counter()
   train = splits['train']
@@ -103,6 +104,7 @@ def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
                          'classifier': 'LogisticRegression(l2, lbfgs)', 'max_iter': MAX_ITER,
                          'c_grid': c_grid, 'selection': 'validation accuracy, then log loss'},
                  split={'validation': 'validation', 'test': 'test'},
+                 validation_rule=validation_rule,
                  C=best['C'], selection=selection,
                  num_train=len(train.labels), num_features=int(x['train'].shape[1]),
                  num_params=int(best_model.coef_.size + best_model.intercept_.size),
@@ -121,6 +123,9 @@ if __name__ == '__main__':
   _OUT = flags.DEFINE_string('out', 'results/tfidf', 'Folder for <task>.json.')
   _TASKS = flags.DEFINE_list('tasks', list(TASKS), 'Tasks to run.')
   _C_GRID = flags.DEFINE_list('c_grid', [f'{c:g}' for c in C_GRID], 'Inverse L2 strengths C.')
+  _RULE = flags.DEFINE_enum('validation_rule', 'rows', list(data.VALIDATION_RULES),
+                            "How validation is held out of train (data.load_split); "
+                            "'sentences' is for sst2 only.")
 
   def main(argv):
     if len(argv) > 1:
@@ -128,6 +133,9 @@ if __name__ == '__main__':
     for task in _TASKS.value:             # Every flag checked before any fit.
       if task not in TASKS:
         raise app.UsageError(f'--tasks: expected names in {list(TASKS)}, got {task!r}.')
+      if _RULE.value == 'sentences' and task != 'sst2':
+        raise app.UsageError(f"--validation_rule=sentences is for sst2 only, got task {task!r} "
+                             f"(pass --tasks=sst2).")
     try:
       c_grid = [float(c) for c in _C_GRID.value]
     except ValueError:
@@ -137,7 +145,7 @@ if __name__ == '__main__':
     meta = provenance.run_metadata('experiments.tfidf_baseline')
     os.makedirs(_OUT.value, exist_ok=True)
     for task in _TASKS.value:
-      r = run_tfidf(task, _DATA_DIR.value, c_grid, meta=meta)
+      r = run_tfidf(task, _DATA_DIR.value, c_grid, validation_rule=_RULE.value, meta=meta)
       provenance.write_json_atomic(os.path.join(_OUT.value, f'{task}.json'), r, indent=1)
       v, t = r['validation'], r['test']
       print(f"{task}: C={r['C']:g} validation accuracy {v['accuracy']:.4f}; test accuracy "

@@ -74,6 +74,11 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
   if d.vocab_file and not os.path.isfile(d.vocab_file):
     fail('data.vocab_file', d.vocab_file, "'' or an existing vocab.txt")
   positive_int('data.validation_size', d.validation_size)
+  if d.validation_rule not in data.VALIDATION_RULES:
+    fail('data.validation_rule', d.validation_rule, f'one of {data.VALIDATION_RULES}')
+  if d.validation_rule == 'sentences' and d.task != 'sst2':
+    fail('data.validation_rule', d.validation_rule, f"'rows' for task {d.task!r} (only sst2 "
+         f"has phrase-level rows)")
   positive_int('data.max_length', d.max_length, 4)
   positive_int('data.vocab_size', d.vocab_size, 16)
   positive_int('data.pad_multiple', d.pad_multiple)
@@ -177,7 +182,8 @@ def _subset(examples, size):
 def load_data(config, workdir):
   """Returns ``({'train', 'validation', 'test'}: data.Encoded, vocab_size)``."""
   d = config.data
-  splits = {s: data.load_split(d.task, d.data_dir, s, validation_size=d.validation_size)
+  splits = {s: data.load_split(d.task, d.data_dir, s, validation_size=d.validation_size,
+                               validation_rule=d.validation_rule)
             for s in ('train', 'validation', 'test')}
   for names, limit in ((('train',), d.max_train_examples),
                        (('validation', 'test'), d.max_eval_examples)):
@@ -332,8 +338,19 @@ def _restore(manager, target):
   return manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
 
+# Config fields added after runs were started, with the value that reproduces what
+# those runs did: a config.json without the field resumes as having this value.
+_ADDED_FIELDS = {('data', 'validation_rule'): 'rows'}
+
+
 def _fingerprint(config):
   return json.loads(config.to_json())
+
+
+def _with_added_fields(saved):
+  for (section, field), value in _ADDED_FIELDS.items():
+    saved.setdefault(section, {}).setdefault(field, value)
+  return saved
 
 
 class _Throughput:
@@ -409,7 +426,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   config_path = os.path.join(workdir, 'config.json')
   if os.path.exists(config_path):
     with open(config_path) as f:
-      if json.load(f) != _fingerprint(config):
+      if _with_added_fields(json.load(f)) != _fingerprint(config):
         raise ValueError(f'workdir: {workdir!r} holds a run with a different config '
                          f'({config_path}); use a new workdir.')
   else:

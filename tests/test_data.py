@@ -164,6 +164,38 @@ def test_qqp_missing_names_path_and_subset(tmp_path):
 # ----------------------------------------------------------------------------- bad input
 
 
+def test_sentence_split_holds_out_whole_sentences_and_only_their_phrases():
+  # Two "parse trees" as GLUE keeps them: sentences and their deduplicated phrases.
+  texts = ['a great film', 'a great', 'great film', 'great', 'film',
+           'a dull plot', 'dull plot', 'dull', 'plot', 'a',
+           'the end', 'the', 'end']
+  train, val = data.sentence_split(texts, 1, validation_seed=0)
+  sentences = {'a great film', 'a dull plot', 'the end'}
+  (held,) = [texts[i] for i in val]
+  assert held in sentences
+  kept = {texts[i] for i in train}
+  assert held not in kept and kept | {held} <= set(texts)
+  # What stays: exactly the spans of the other two sentences ("a" is shared, so it stays).
+  others = sentences - {held}
+  spans = {' '.join(s.split()[i:j]) for s in others
+           for i in range(len(s.split())) for j in range(i + 1, len(s.split()) + 1)}
+  assert kept == spans & set(texts)
+  assert 'a' in kept
+  np.testing.assert_array_equal(train, np.sort(train))
+  with pytest.raises(ValueError, match='validation_size must be < the 3 sentences'):
+    data.sentence_split(texts, 3)
+
+
+def test_sst2_sentence_rule_on_the_real_file(data_dir):
+  val = data.load_split('sst2', data_dir, 'validation', validation_rule='sentences')
+  train = data.load_split('sst2', data_dir, 'train', validation_rule='sentences')
+  assert len(val.labels) == 1000
+  joined = '\n'.join(' ' + t + ' ' for t in train.text_a)
+  assert not any(' ' + t + ' ' in joined for t in val.text_a[:100])   # no row inside train
+  with pytest.raises(ValueError, match="validation_rule='sentences' is for sst2"):
+    data.load_split('rotten_tomatoes', data_dir, 'validation', validation_rule='sentences')
+
+
 def test_bad_arguments_raise_before_reading():
   with pytest.raises(ValueError, match="task.*'sst-2'"):
     data.load_split('sst-2', '/nonexistent', 'train')

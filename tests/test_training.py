@@ -268,6 +268,7 @@ def test_bad_config_fails_before_any_compute(field, value, tmp_path):
     ('model.feature_map', 'elu', "'favor' for variant 'kernel-favor'"),
     ('phase_a.enabled', False, "True for variant 'kernel-favor'"),
     ('model.init_radius', 1.5, "0 for variant 'kernel-favor'"),
+    ('data.validation_rule', 'words', 'one of'),
     ('variant', 'nonsense', 'one of')])
 def test_config_checks_catch_inconsistent_fields(field, value, match):
   from experiments import train
@@ -278,6 +279,10 @@ def test_config_checks_catch_inconsistent_fields(field, value, match):
     train.check_config(config)
   config = _config(**{'phase_a.riesz_s': '1.0'})    # a number, as the command line gives it
   train.check_config(config)
+  # A run saved before data.validation_rule existed resumes as the rule it used.
+  saved = train._fingerprint(_config())  # pylint: disable=protected-access
+  del saved['data']['validation_rule']
+  assert train._with_added_fields(saved) == train._fingerprint(_config())  # pylint: disable=protected-access
 
 
 def test_phase_a_on_softmax_attention_is_refused():
