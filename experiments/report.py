@@ -413,8 +413,9 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
   tfidf_dir = os.path.join(out_dir, 'tfidf') if tfidf_dir is None else tfidf_dir
   analysis = read_analysis(docs_path)          # fails before anything is written
   finished, unfinished = load_runs(runs_dir)
-  datasets = {r['dataset'] for r in finished + unfinished}
-  datasets |= {d for d in SPLIT_NAMES if load_reference(tfidf_dir, d)}
+  # The datasets with runs; with none at all, those with a reference row.
+  datasets = ({r['dataset'] for r in finished + unfinished}
+              or {d for d in SPLIT_NAMES if load_reference(tfidf_dir, d)})
   unknown = datasets - set(SPLIT_NAMES)
   if unknown:
     raise ValueError(f'datasets {sorted(unknown)}: expected ones of {sorted(SPLIT_NAMES)}.')
