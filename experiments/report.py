@@ -114,7 +114,8 @@ def load_reference(tfidf_dir: Optional[str], dataset: str) -> Optional[dict]:
   metrics['train_seconds'] = summarize([r['train_seconds']])
   return {'name': REFERENCE_NAME, 'variant': r['variant'], 'source': path, 'C': r.get('C'),
           'command': r['command'], 'commit': r['commit'], 'date': r['date'],
-          'machine': r['machine'], 'metrics': metrics}
+          'machine': r['machine'], 'metrics': metrics,
+          'validation_rule': r.get('validation_rule', 'rows')}
 
 
 def _flat(config, prefix=''):
