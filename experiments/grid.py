@@ -6,7 +6,9 @@ r"""Runs a grid of ``experiments.train`` runs (datasets × variants × seeds), o
 Each run goes to ``<workdir>/<dataset>/<variant>/seed<s>`` with its own log.
 Finished runs (``results.json`` present) are skipped and interrupted ones
 resume from their checkpoint, so the same command continues a grid in a later
-session. Arguments after ``--`` are passed to every run (config overrides).
+session. Arguments after ``--`` are passed to every run (config overrides); one
+written ``<dataset>:--config.x=y`` only to that dataset's runs, e.g.
+``sst2:--config.data.validation_rule=sentences``.
 ``experiments/report.py`` turns the results into tables.
 
 Runs start in order seed, dataset, variant (all of seed 0 first), ``--jobs`` at
@@ -53,6 +55,19 @@ def plan(datasets, variants, seeds, workdir):
         else:
           runs.append((dataset, variant, seed, out))
   return runs
+
+
+def overrides_for(overrides, dataset):
+  """The arguments after ``--`` that apply to ``dataset`` (``<dataset>:`` prefix removed)."""
+  out = []
+  for arg in overrides:
+    scope, sep, rest = arg.partition(':')
+    if sep and scope in DATASETS and rest.startswith('--'):
+      if scope == dataset:
+        out.append(rest)
+    else:
+      out.append(arg)
+  return out
 
 
 def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
@@ -119,7 +134,7 @@ def main(argv):
       raise ValueError(f'--{name}: must be ≥ {low}, got {getattr(fl, name)}.')
   runs = [(out, [sys.executable, '-m', 'experiments.train',
                  f'--config={DATASETS[dataset]}:{variant}', f'--workdir={out}',
-                 f'--config.seed={seed}'] + overrides)
+                 f'--config.seed={seed}'] + overrides_for(overrides, dataset))
           for dataset, variant, seed, out in plan(fl.dataset, variants, seeds, fl.workdir)]
   failed = run_all(runs, fl.jobs, fl.no_new_runs_after_s, fl.kill_after_s)
   if failed:

@@ -104,8 +104,14 @@ def load_runs(runs_dir: str):
   return finished, unfinished
 
 
-def load_reference(tfidf_dir: Optional[str], dataset: str) -> Optional[dict]:
-  path = tfidf_dir and os.path.join(tfidf_dir, f'{dataset}.json')
+def reference_file(dataset: str, validation_rule: str = 'rows') -> str:
+  """``experiments.tfidf_baseline``'s file name for a dataset and validation rule."""
+  return f'{dataset}.json' if validation_rule == 'rows' else f'{dataset}_{validation_rule}.json'
+
+
+def load_reference(tfidf_dir: Optional[str], dataset: str,
+                   validation_rule: str = 'rows') -> Optional[dict]:
+  path = tfidf_dir and os.path.join(tfidf_dir, reference_file(dataset, validation_rule))
   if not path or not os.path.isfile(path):
     return None
   with open(path) as f:
@@ -158,6 +164,13 @@ def _shared_diff(a_run, b_run):
   if not (_phase_a_on(a_run) and _phase_a_on(b_run)):
     a, b = ({k: v for k, v in d.items() if not k.startswith('phase_a.')} for d in (a, b))
   return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _rule(runs, dataset):
+  """The validation rule of a dataset's runs (the check in dataset_summary makes it one)."""
+  rules = sorted({_settings(r).get('data.validation_rule') for r in runs
+                  if r['dataset'] == dataset})
+  return rules[0] if len(rules) == 1 else 'rows'
 
 
 def check_comparable(runs):
@@ -424,7 +437,7 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
   for d in (d for d in SPLIT_NAMES if d in datasets):
     summaries[d] = dataset_summary(d, [r for r in finished if r['dataset'] == d],
                                    [u for u in unfinished if u['dataset'] == d],
-                                   load_reference(tfidf_dir, d), meta)
+                                   load_reference(tfidf_dir, d, _rule(finished, d)), meta)
   os.makedirs(out_dir, exist_ok=True)
   for d, s in summaries.items():
     provenance.write_json_atomic(os.path.join(out_dir, f'{d}.json'), s, indent=1)

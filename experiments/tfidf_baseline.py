@@ -120,7 +120,8 @@ if __name__ == '__main__':
   from absl import flags  # pylint: disable=g-import-not-at-top
 
   _DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'Folder of the offline data.')
-  _OUT = flags.DEFINE_string('out', 'results/tfidf', 'Folder for <task>.json.')
+  _OUT = flags.DEFINE_string('out', 'results/tfidf', "Folder for <task>.json (<task>_<rule>.json "
+                             "for a validation rule other than 'rows').")
   _TASKS = flags.DEFINE_list('tasks', list(TASKS), 'Tasks to run.')
   _C_GRID = flags.DEFINE_list('c_grid', [f'{c:g}' for c in C_GRID], 'Inverse L2 strengths C.')
   _RULE = flags.DEFINE_enum('validation_rule', 'rows', list(data.VALIDATION_RULES),
@@ -146,7 +147,8 @@ if __name__ == '__main__':
     os.makedirs(_OUT.value, exist_ok=True)
     for task in _TASKS.value:
       r = run_tfidf(task, _DATA_DIR.value, c_grid, validation_rule=_RULE.value, meta=meta)
-      provenance.write_json_atomic(os.path.join(_OUT.value, f'{task}.json'), r, indent=1)
+      name = f'{task}.json' if _RULE.value == 'rows' else f'{task}_{_RULE.value}.json'
+      provenance.write_json_atomic(os.path.join(_OUT.value, name), r, indent=1)
       v, t = r['validation'], r['test']
       print(f"{task}: C={r['C']:g} validation accuracy {v['accuracy']:.4f}; test accuracy "
             f"{t['accuracy']:.4f} MCC {t['mcc']:.4f} ECE {t['ece']:.4f} Brier {t['brier']:.4f} "

@@ -26,6 +26,16 @@ def test_plan_order_and_skips_finished_runs(tmp_path):
       ('sst2', 'softmax', 1, grid.run_dir(str(tmp_path), 'sst2', 'softmax', 1))]
 
 
+def test_dataset_scoped_overrides():
+  args = ['--config.phase_b.num_epochs=5', 'sst2:--config.data.validation_rule=sentences']
+  assert grid.overrides_for(args, 'sst2') == ['--config.phase_b.num_epochs=5',
+                                              '--config.data.validation_rule=sentences']
+  assert grid.overrides_for(args, 'rotten_tomatoes') == ['--config.phase_b.num_epochs=5']
+  # A value that merely contains a colon is passed through untouched.
+  assert grid.overrides_for(['--config.data.data_dir=c:/x'], 'sst2') == [
+      '--config.data.data_dir=c:/x']
+
+
 def test_runs_in_parallel_and_logs(tmp_path):
   # Each run logs when it starts and ends; run at once, the four intervals overlap.
   code = ('import time; print(time.time()); time.sleep(2.0); print(time.time()); '

@@ -168,7 +168,7 @@ def test_variants_with_different_shared_settings_cannot_share_a_table(tmp_path):
     report.write_report(root, str(tmp_path / 'out2'), str(tmp_path / 'r2.md'), meta=META)
 
 
-def test_the_reference_row_must_hold_validation_out_as_the_runs_do(tmp_path):
+def test_the_reference_row_is_the_one_held_out_as_the_runs_are(tmp_path):
   root, tfidf = str(tmp_path / 'grid'), str(tmp_path / 'tfidf')
   _write_run(root, 'sst2', 'softmax', 0, 0.8)
   run = os.path.join(root, 'sst2', 'softmax', 'seed0', 'results.json')
@@ -176,16 +176,22 @@ def test_the_reference_row_must_hold_validation_out_as_the_runs_do(tmp_path):
     r = json.load(f)
   r['config']['data']['validation_rule'] = 'sentences'
   provenance.write_json_atomic(run, r)
-  ref = dict(r, variant='tfidf_logreg', C=2.0, train_seconds=1.0, validation_rule='rows')
+  ref = dict(r, variant='tfidf_logreg', C=32.0, train_seconds=1.0, validation_rule='rows')
   os.makedirs(tfidf)
-  provenance.write_json_atomic(os.path.join(tfidf, 'sst2.json'), ref)
+  provenance.write_json_atomic(os.path.join(tfidf, 'sst2.json'), ref)      # 'rows': not used
+  out = report.write_report(root, str(tmp_path / 'o1'), str(tmp_path / 'r1.md'),
+                            tfidf_dir=tfidf, meta=META)
+  assert out['sst2']['reference'] is None
+  provenance.write_json_atomic(os.path.join(tfidf, 'sst2_sentences.json'),
+                               dict(ref, C=2.0, validation_rule='sentences'))
+  out = report.write_report(root, str(tmp_path / 'o2'), str(tmp_path / 'r2.md'),
+                            tfidf_dir=tfidf, meta=META)
+  assert out['sst2']['reference']['C'] == 2.0
+  # A mislabelled file is refused rather than compared.
+  provenance.write_json_atomic(os.path.join(tfidf, 'sst2_sentences.json'), ref)
   with pytest.raises(ValueError, match="TF-IDF row held validation out by 'rows'"):
-    report.write_report(root, str(tmp_path / 'o1'), str(tmp_path / 'r1.md'), tfidf_dir=tfidf,
+    report.write_report(root, str(tmp_path / 'o3'), str(tmp_path / 'r3.md'), tfidf_dir=tfidf,
                         meta=META)
-  provenance.write_json_atomic(os.path.join(tfidf, 'sst2.json'),
-                               dict(ref, validation_rule='sentences'))
-  report.write_report(root, str(tmp_path / 'o2'), str(tmp_path / 'r2.md'), tfidf_dir=tfidf,
-                      meta=META)
 
 
 def test_a_field_added_later_counts_as_its_old_behaviour(tmp_path):
