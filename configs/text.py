@@ -24,6 +24,9 @@ CONTROLS = tuple(f'ball-{m}' for m in MAPS)
 VARIANTS = (tuple(f'{kind}-{m}' for kind in ('vanilla', 'kernel') for m in MAPS) + BASELINES
             + CONTROLS)
 MODIFIERS = ('quick',)
+# The fields a variant sets (below), besides model.init_radius (> 0 for ball-X only).
+VARIANT_FIELDS = ('model.attention', 'model.feature_map', 'model.qk_mode', 'model.orthogonal',
+                  'phase_a.enabled')
 
 
 def parse_variant(variant: str):

@@ -148,8 +148,7 @@ def _check_same_settings(runs):
 
 
 # Fields a variant sets (configs/text.py): they may differ between the rows of a table.
-_VARIANT_FIELDS = ('variant', 'model.attention', 'model.feature_map', 'model.qk_mode',
-                   'model.orthogonal', 'model.init_radius', 'phase_a.enabled')
+_VARIANT_FIELDS = ('variant', 'model.init_radius') + text.VARIANT_FIELDS
 
 
 def _phase_a_on(run):

@@ -149,21 +149,13 @@ def _check_variant(config, fail) -> None:
     name, _ = text.parse_variant(config.variant)
   except ValueError:
     fail('variant', config.variant, f'one of {text.VARIANTS}')
-  kind, _, fmap = name.partition('-')
-  if kind in ('vanilla', 'kernel', 'ball'):
-    implied = {'model.attention': 'kernel', 'model.feature_map': fmap,
-               'phase_a.enabled': kind == 'kernel'}
-  elif name == 'performer':
-    implied = {'model.attention': 'kernel', 'model.feature_map': 'favor',
-               'model.qk_mode': 'projected', 'model.orthogonal': True,
-               'phase_a.enabled': False}
-  else:
-    implied = {'model.attention': name, 'phase_a.enabled': False}
-  for field, want in implied.items():
+  want = text.get_text_config(config.data.task, name)
+  for field in text.VARIANT_FIELDS:
     section, key = field.split('.')
-    if config[section][key] != want:
+    if config[section][key] != want[section][key]:
       fail(field, config[section][key],
-           f'{want!r} for variant {name!r} (or change config.variant)')
+           f'{want[section][key]!r} for variant {name!r} (or change config.variant)')
+  kind = name.partition('-')[0]
   if (config.model.init_radius > 0) != (kind == 'ball'):
     fail('model.init_radius', config.model.init_radius,
          f"{'> 0' if kind == 'ball' else '0'} for variant {name!r} (only ball-X projects its "
