@@ -47,6 +47,18 @@ def _half_sq_norm(x: jax.Array) -> jax.Array:
   return 0.5 * jnp.sum(jnp.square(x), axis=-1, keepdims=True)
 
 
+def _favor_logits(x: jax.Array, omega: jax.Array) -> jax.Array:
+  """z = x Ωᵀ − ‖x‖²/2, ``[..., N]``: the FAVOR+ exponent."""
+  x, s = _projection(x, omega)
+  return s - _half_sq_norm(x)
+
+
+def _max_shift(z, axis, where=None):
+  """stop_gradient(max z) over ``axis`` (kept), over the rows ``where`` allows; 0 if none."""
+  m = jnp.max(z, axis=axis, keepdims=True, where=where, initial=-jnp.inf)
+  return jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+
+
 def rff(x: jax.Array, omega: jax.Array) -> jax.Array:
   r"""Random Fourier features, ``[..., 2N]``.
 
@@ -86,14 +98,11 @@ def favor(x: jax.Array, omega: jax.Array,
       trailing axes: for keys ``[B, L, H, d]`` and a ``[B, L]`` mask pass
       ``key_mask[..., None]``.
   """
-  x, s = _projection(x, omega)
-  z = s - _half_sq_norm(x)
+  z = _favor_logits(x, omega)
   if stabilize is not False:
     axes = -1 if stabilize is True else stabilize
     where = None if stabilize_mask is None else jnp.asarray(stabilize_mask)[..., None]
-    m = jnp.max(z, axis=axes, keepdims=True, where=where, initial=-jnp.inf)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    z = z - jax.lax.stop_gradient(m)
+    z = z - _max_shift(z, axes, where)
   return jnp.exp(z) / math.sqrt(omega.shape[0])
 
 
@@ -134,14 +143,11 @@ def favor_pair(q: jax.Array, k: jax.Array, omega: jax.Array,
   if key_mask is not None and jnp.shape(key_mask) != k.shape[:-1]:
     raise ValueError(f'key_mask must have shape {k.shape[:-1]} (k without its last axis), '
                      f'got {jnp.shape(key_mask)}.')
-  q, sq = _projection(q, omega)
-  k, sk = _projection(k, omega)
-  zq, zk = sq - _half_sq_norm(q), sk - _half_sq_norm(k)           # [..., L, N]
+  zq, zk = _favor_logits(q, omega), _favor_logits(k, omega)       # [..., L, N]
   where = None if key_mask is None else jnp.asarray(key_mask)[..., None]
-  m = jnp.max(zk, axis=-2, keepdims=True, where=where, initial=-jnp.inf)   # [..., 1, N]
-  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+  m = _max_shift(zk, -2, where)                                   # [..., 1, N]
   zq = zq + m
-  zq = zq - jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
+  zq = zq - _max_shift(zq, -1)
   zk = zk - m
   if where is not None:                   # padded keys: φ = 0, whatever their logits
     zk = jnp.where(where, zk, -jnp.inf)

@@ -41,6 +41,7 @@ from sklearn import linear_model
 from coulomb_jax import data
 from coulomb_jax import metrics as metrics_lib
 from experiments import provenance
+from experiments import report
 
 TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset')
 VARIANT = 'tfidf_logreg'
@@ -69,14 +70,23 @@ def _better(new, best):
       new['accuracy'] == best['accuracy'] and new['log_loss'] < best['log_loss']))
 
 
+def check_c_grid(c_grid) -> list:
+  """``c_grid`` as floats; ValueError naming it unless a non-empty list of numbers > 0."""
+  try:
+    values = [float(c) for c in c_grid]
+  except (TypeError, ValueError):
+    values = []
+  if not values or any(not c > 0 for c in values):
+    raise ValueError(f'c_grid must be a non-empty list of numbers > 0, got {c_grid!r}.')
+  return values
+
+
 def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
               validation_rule: str = 'rows', meta: Optional[dict] = None) -> dict:
   """Fits the reference on ``task``'s train split; returns a results dict (see module doc)."""
   if task not in data.TASKS:
     raise ValueError(f'task must be one of {data.TASKS}, got {task!r}.')
-  c_grid = [float(c) for c in c_grid]
-  if not c_grid or any(not c > 0 for c in c_grid):
-    raise ValueError(f'c_grid must be a non-empty list of numbers > 0, got {c_grid!r}.')
+  c_grid = check_c_grid(c_grid)
   meta = meta or provenance.run_metadata('experiments.tfidf_baseline')
   splits = {s: data.load_split(task, data_dir, s, validation_rule=validation_rule)
             for s in data.SPLITS}
@@ -138,16 +148,14 @@ if __name__ == '__main__':
         raise app.UsageError(f"--validation_rule=sentences is for sst2 only, got task {task!r} "
                              f"(pass --tasks=sst2).")
     try:
-      c_grid = [float(c) for c in _C_GRID.value]
-    except ValueError:
-      raise app.UsageError(f'--c_grid: expected numbers > 0, got {_C_GRID.value}.') from None
-    if not c_grid or any(not c > 0 for c in c_grid):
-      raise app.UsageError(f'--c_grid: expected numbers > 0, got {_C_GRID.value}.')
+      c_grid = check_c_grid(_C_GRID.value)
+    except ValueError as e:
+      raise app.UsageError(f'--{e}') from None
     meta = provenance.run_metadata('experiments.tfidf_baseline')
     os.makedirs(_OUT.value, exist_ok=True)
     for task in _TASKS.value:
       r = run_tfidf(task, _DATA_DIR.value, c_grid, validation_rule=_RULE.value, meta=meta)
-      name = f'{task}.json' if _RULE.value == 'rows' else f'{task}_{_RULE.value}.json'
+      name = report.reference_file(task, _RULE.value)
       provenance.write_json_atomic(os.path.join(_OUT.value, name), r, indent=1)
       v, t = r['validation'], r['test']
       print(f"{task}: C={r['C']:g} validation accuracy {v['accuracy']:.4f}; test accuracy "
