@@ -145,6 +145,9 @@ def main(argv):
   unknown = sorted(set(_IMPLS.value) - set(IMPLS))
   if unknown:
     raise ValueError(f'--impls: unknown {unknown}; known: {sorted(IMPLS)}.')
+  # The commit of the code that runs, taken before this run writes anything: its
+  # attention_rows.jsonl (tracked) would otherwise mark every run '-dirty'.
+  commit = provenance.git_commit()
   key = jax.random.key(0)
   os.makedirs(_OUT.value, exist_ok=True)
   sets = {'vanilla': particles(jax.random.fold_in(key, 1), False)}
@@ -224,7 +227,7 @@ def main(argv):
                                  _PAIRS))
   record = {'benchmark': 'attention', 'command': f'python -m benchmarks.attention {flag_text}',
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            'commit': provenance.git_commit(), 'machine': provenance.machine(), 'rows': rows}
+            'commit': commit, 'machine': provenance.machine(), 'rows': rows}
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, 'attention')
   provenance.write_json_atomic(stem + '.json', record, indent=1)
