@@ -6,19 +6,21 @@ reads every ``results.json`` under ``--runs`` (``experiments.grid`` lays them
 out as ``<dataset>/<variant>/seed<s>/``) and writes
 
 * ``<out>/<dataset>.json``: ``{dataset, split, command, commit, date, machine,
-  variants: {variant: {metric: {mean, std, n}}}, paired, paired_ball, runs, run_commands,
+  variants: {variant: {metric: {mean, std, n}}}, paired, paired_ball, paired_ball_vanilla,
+  runs, run_commands,
   unfinished, reference}``. Metrics are those of the test split (the
   evaluation split named by ``split``) plus ``train_seconds``,
   ``phase_a_seconds`` and ``phase_b_seconds``; ``std`` is the sample standard
   deviation (ddof = 1) over seeds, ``null`` when n = 1. A variant without a
   finished run is left out. ``paired`` holds Kernel-X − Vanilla-X per feature
   map, per seed both variants have, summarised the same way; ``paired_ball`` the
-  same for Kernel-X − Ball-X (the control). ``reference`` is
+  same for Kernel-X − Ball-X (the control), ``paired_ball_vanilla`` for
+  Ball-X − Vanilla-X (what the projection alone does). ``reference`` is
   the TF-IDF row of ``experiments.tfidf_baseline`` (``<out>/tfidf/<dataset>.json``)
   when that file exists.
 * ``--docs``: one table per dataset (variants in the order of
   ``configs.text.VARIANTS``, then the reference), the commands, commits,
-  machines and dates of the runs, and the paired table. The block between
+  machines and dates of the runs, and the paired tables. The block between
   ``<!-- analysis -->`` and ``<!-- /analysis -->`` of an existing file is kept
   verbatim; everything else is rewritten.
 
@@ -224,21 +226,21 @@ def aggregate(runs) -> dict:
   return out
 
 
-def paired(runs, baseline: str = 'vanilla') -> dict:
-  """``{map: {metric: summary}}`` of Kernel-X − <baseline>-X over the seeds both have.
+def paired(runs, baseline: str = 'vanilla', treatment: str = 'kernel') -> dict:
+  """``{map: {metric: summary}}`` of <treatment>-X − <baseline>-X over the seeds both have.
 
-  ``baseline``: ``'vanilla'`` (random particles) or ``'ball'`` (random particles
-  projected onto Phase A's ball, the control that separates the projection from
-  the dynamics).
+  ``baseline`` and ``treatment``: ``'vanilla'`` (random particles), ``'ball'``
+  (random particles projected onto Phase A's ball, the control that separates
+  the projection from the dynamics) or ``'kernel'`` (particles learned by Phase A).
   """
   groups = _by_variant(runs)
   out = {}
   for fmap in text.MAPS:
-    kernel = {r['seed']: r for r in groups.get(f'kernel-{fmap}', [])}
-    vanilla = {r['seed']: r for r in groups.get(f'{baseline}-{fmap}', [])}
-    seeds = sorted(set(kernel) & set(vanilla))
+    treated = {r['seed']: r for r in groups.get(f'{treatment}-{fmap}', [])}
+    base = {r['seed']: r for r in groups.get(f'{baseline}-{fmap}', [])}
+    seeds = sorted(set(treated) & set(base))
     if seeds:
-      out[fmap] = {k: summarize([kernel[s]['test'][k] - vanilla[s]['test'][k] for s in seeds])
+      out[fmap] = {k: summarize([treated[s]['test'][k] - base[s]['test'][k] for s in seeds])
                    for k, _ in PAIRED_METRICS}
       out[fmap]['seeds'] = seeds
   return out
@@ -289,6 +291,7 @@ def dataset_summary(dataset, runs, unfinished, reference, meta) -> dict:
       'variants': aggregate(runs),
       'paired': paired(runs),
       'paired_ball': paired(runs, 'ball'),
+      'paired_ball_vanilla': paired(runs, 'vanilla', treatment='ball'),
       'runs': [{k: r.get(k) for k in ('variant', 'seed', 'commit', 'command', 'date', 'machine',
                                       'path', 'best_epoch')}
                for group in _by_variant(runs).values() for r in group],
@@ -369,25 +372,27 @@ def dataset_markdown(s) -> str:
     lines.append(f"| {ref['name']} | " + ' | '.join(cells) + ' |')
   lines.append('')
   if s['paired']:
-    lines += ['Paired Kernel-X − Vanilla-X (difference per seed, then mean ± std over seeds):',
-              '']
-    header = ['map'] + [f'Δ {name}' for _, name in PAIRED_METRICS] + ['n pairs']
-    lines += ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-    for fmap, d in s['paired'].items():
-      cells = [fmt(d[k], signed=True) for k, _ in PAIRED_METRICS] + [str(len(d['seeds']))]
-      lines.append(f'| {fmap} | ' + ' | '.join(cells) + ' |')
+    lines += _paired_table('Paired Kernel-X − Vanilla-X (difference per seed, then mean ± std '
+                           'over seeds):', s['paired'])
   else:
-    lines.append('Paired Kernel-X − Vanilla-X: no map has both variants yet.')
-  lines.append('')
+    lines += ['Paired Kernel-X − Vanilla-X: no map has both variants yet.', '']
   if s.get('paired_ball'):
-    lines += ['Paired Kernel-X − Ball-X (the control: the same ball, no Langevin dynamics):', '']
-    header = ['map'] + [f'Δ {name}' for _, name in PAIRED_METRICS] + ['n pairs']
-    lines += ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-    for fmap, d in s['paired_ball'].items():
-      cells = [fmt(d[k], signed=True) for k, _ in PAIRED_METRICS] + [str(len(d['seeds']))]
-      lines.append(f'| {fmap} | ' + ' | '.join(cells) + ' |')
-    lines.append('')
+    lines += _paired_table('Paired Kernel-X − Ball-X (the control: the same ball, no Langevin '
+                           'dynamics):', s['paired_ball'])
+  if s.get('paired_ball_vanilla'):
+    lines += _paired_table('Paired Ball-X − Vanilla-X (what the projection onto the ball does '
+                           'by itself):', s['paired_ball_vanilla'])
   return '\n'.join(lines)
+
+
+def _paired_table(title, pairs):
+  """Markdown lines of one paired-difference table (title, header, one row per map)."""
+  header = ['map'] + [f'Δ {name}' for _, name in PAIRED_METRICS] + ['n pairs']
+  lines = [title, '', '| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for fmap, d in pairs.items():
+    cells = [fmt(d[k], signed=True) for k, _ in PAIRED_METRICS] + [str(len(d['seeds']))]
+    lines.append(f'| {fmap} | ' + ' | '.join(cells) + ' |')
+  return lines + ['']
 
 
 def read_analysis(docs_path: str) -> str:

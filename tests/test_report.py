@@ -90,7 +90,7 @@ def test_aggregation_schema_mean_and_sample_std(grid, tmp_path):
   assert d['seeds'] == [0] and d['accuracy']['n'] == 1 and d['accuracy']['std'] is None
   assert d['accuracy']['mean'] == pytest.approx(0.02)
   assert d['ece']['mean'] == pytest.approx(0.002)
-  assert s['paired_ball'] == {}
+  assert s['paired_ball'] == {} and s['paired_ball_vanilla'] == {}
   assert [(r['variant'], r['seed']) for r in s['runs']] == [
       ('vanilla-favor', 0), ('kernel-favor', 0), ('kernel-favor', 1)]
   assert s['reference'] is None
@@ -229,13 +229,18 @@ def test_subset_runs_are_refused(tmp_path):
     report.load_runs(root)
 
 
-def test_kernel_minus_ball_is_paired_per_seed(tmp_path):
+def test_kernel_and_ball_are_paired_per_seed(tmp_path):
   root = str(tmp_path / 'grid')
   for seed, (k, b) in enumerate([(0.80, 0.79), (0.84, 0.80)]):
     _write_run(root, 'rotten_tomatoes', 'kernel-favor', seed, k)
     _write_run(root, 'rotten_tomatoes', 'ball-favor', seed, b)
+  _write_run(root, 'rotten_tomatoes', 'vanilla-favor', 1, 0.77)
   report.write_report(root, str(tmp_path / 'out'), str(tmp_path / 'r.md'), meta=META)
   s = json.load(open(tmp_path / 'out' / 'rotten_tomatoes.json'))
   d = s['paired_ball']['favor']
   assert d['seeds'] == [0, 1] and d['accuracy']['mean'] == pytest.approx(0.025)
-  assert 'Paired Kernel-X − Ball-X' in open(tmp_path / 'r.md').read()
+  # Ball − Vanilla on the one seed both have: 0.80 − 0.77.
+  d = s['paired_ball_vanilla']['favor']
+  assert d['seeds'] == [1] and d['accuracy']['mean'] == pytest.approx(0.03)
+  md = open(tmp_path / 'r.md').read()
+  assert 'Paired Kernel-X − Ball-X' in md and 'Paired Ball-X − Vanilla-X' in md
