@@ -103,6 +103,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.report.noise_index = 4
   # Budget of the λ-ablation figure.
   config.report.ablation_budget = 64
+  # Smoke-sized study: every figure says 'quick variant: smoke run, <n> seeds — not results'.
+  config.report.smoke_run = False
 
   if variant == 'quick':
     config.num_seeds = 2
@@ -117,6 +119,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
     config.hamiltonian.lams = [0.0, 0.5]
     config.langevin.num_epochs = 10
     config.report.noise_index = 1
+    config.report.smoke_run = True
   elif variant:
     raise ValueError(f"config variant: unknown {variant!r}; known: '', 'quick'.")
   return config

@@ -47,20 +47,23 @@ class Progress:
     unit: the singular name of a unit (``'run'``, ``'step'``); ``units`` the plural
       (default ``unit + 's'``).
     done: units already done before this process started (a resumed run).
+    every: least seconds between two printed ``update`` lines (0: print all); the
+      last unit's line is always printed. ``say`` always prints.
     stream: where lines go; ``None``: ``sys.stdout`` at the time of printing.
     clock: seconds, monotonic (tests pass a fake one).
   """
 
   def __init__(self, tag: str, total: int, unit: str = 'run', *, units: Optional[str] = None,
-               done: int = 0, stream: Optional[TextIO] = None,
+               done: int = 0, every: float = 0.0, stream: Optional[TextIO] = None,
                clock: Callable[[], float] = time.perf_counter):
     if total < 0 or done < 0:
       raise ValueError(f'total and done must be >= 0, got total={total}, done={done}.')
     self.tag, self.total, self.unit = tag, total, unit
     self.units = units or unit + 's'
     self.done = self._done_at_start = done
-    self._stream, self._clock = stream, clock
+    self.every, self._stream, self._clock = every, stream, clock
     self._start = clock()
+    self._last_printed = None
 
   @property
   def elapsed(self) -> float:
@@ -90,9 +93,15 @@ class Progress:
     return f'[{self.tag}] {what} — {stats}' if what else f'[{self.tag}] {stats}'
 
   def update(self, what: str = '', n: int = 1) -> str:
-    """Counts ``n`` more units done, prints and returns the line."""
+    """Counts ``n`` more units done; returns the line and prints it (see ``every``)."""
     self.done += n
-    return self._print(self.line(what))
+    text = self.line(what)
+    now = self._clock()
+    if (self._last_printed is None or now - self._last_printed >= self.every
+        or self.done >= self.total):
+      self._last_printed = now
+      self._print(text)
+    return text
 
   def say(self, message: str) -> str:
     """Prints and returns ``[tag] message`` (e.g. ``'compiling … '``): what the run does now."""

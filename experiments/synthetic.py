@@ -2,6 +2,10 @@ r"""The synthetic study: learned Coulomb particles against fixed and learned bas
 
   python -m experiments.synthetic --config=configs/synthetic.py --workdir=workdir/synthetic
 
+or, from any folder, ``python path/to/experiments/synthetic.py
+--config=path/to/configs/synthetic.py:quick --workdir=...``. A misspelled config
+field or variant ends in one line with the suggestion (``experiments.cli``).
+
 For every noise level σ and seed it draws train / validation / test sets
 (``coulomb_jax.synthetic``) and evaluates:
 
@@ -21,15 +25,24 @@ For every noise level σ and seed it draws train / validation / test sets
 Every C, bandwidth and (for the "λ*" row of the report) λ is chosen on the
 validation split; the test split is only scored.
 
-Records are appended to ``records.jsonl`` as each (σ, seed) cell finishes, so a
-killed run resumes where it stopped; at the end ``results.json``,
-``results.md`` and the figures are written by ``experiments.synthetic_report``.
+Records are appended to ``records.jsonl`` (``experiments.synthetic_records``) as
+each (σ, seed) cell finishes, so a killed run resumes where it stopped; at the
+end ``results.json``, ``results.md`` and the figures are written by
+``experiments.synthetic_report``. Progress lines (``experiments.progress``) name
+the cell and method, with elapsed time, rate and ETA; "compiling …" precedes
+each first call of a jitted function.
 """
 
 import json
 import math
 import os
+import sys
 import time
+
+if __name__ == '__main__' and not __package__:
+  # Launched as a file (python path/to/experiments/synthetic.py): the repository root
+  # must be importable for `experiments`, `configs` and (uninstalled) `coulomb_jax`.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags
@@ -46,7 +59,10 @@ from coulomb_jax import _checks
 from coulomb_jax import importance_sampling
 from coulomb_jax import repulsion
 from coulomb_jax import synthetic
+from experiments import cli
+from experiments import progress as progress_lib
 from experiments import provenance
+from experiments import synthetic_records
 from experiments import synthetic_report
 
 METHODS = ('logreg', 'rbf_svm', 'mkl', 'rff', 'importance', 'coulomb')
@@ -105,9 +121,10 @@ def run_mkl(config, data):
   return out
 
 
-def _timed(fn, warm, shape_key):
-  """(fn(), seconds); the first call per ``shape_key`` compiles and is not timed."""
+def _timed(fn, warm, shape_key, say, what):
+  """(fn(), seconds); the first call per ``shape_key`` compiles (``say`` tells) and is not timed."""
   if shape_key not in warm:
+    say(f'compiling {what} …')
     jax.block_until_ready(fn())
     warm.add(shape_key)
   start = time.perf_counter()
@@ -115,8 +132,30 @@ def _timed(fn, warm, shape_key):
   return out, time.perf_counter() - start
 
 
-def run_cell(config, seed, noise_index, warm):
-  """All methods on one (σ, seed) data set. Returns (records, Langevin histories)."""
+def cell_runs(config):
+  """The labels of the runs of one (σ, seed) cell, in the order ``run_cell`` does them.
+
+  A run is one method fitted and scored (for the feature maps: at one budget N, and
+  for ``coulomb`` at one λ); ``rff`` includes the bandwidth search that the other
+  maps start from, so it is run (and counted) whenever a feature map is.
+  """
+  runs = [m for m in synthetic_report.BASELINES if m in config.methods]
+  if any(m in config.methods for m in ('rff', 'importance', 'coulomb')):
+    for n in config.features.budgets:
+      runs.append(f'rff N={n}')
+      if 'importance' in config.methods:
+        runs.append(f'importance N={n}')
+      if 'coulomb' in config.methods:
+        runs += [f'coulomb N={n} λ={lam:g}' for lam in config.hamiltonian.lams]
+  return runs
+
+
+def run_cell(config, seed, noise_index, warm, on_run=lambda label: None, say=lambda text: None):
+  """All methods on one (σ, seed) data set. Returns (records, Langevin histories).
+
+  ``on_run(label)`` is called after each run of ``cell_runs(config)``; ``say(text)``
+  before each compilation.
+  """
   noise = config.data.noise_levels[noise_index]
   key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), seed), noise_index)
   data_key, feat_key, run_key = jax.random.split(key, 3)
@@ -132,12 +171,17 @@ def run_cell(config, seed, noise_index, warm):
 
   if 'logreg' in config.methods:
     add('logreg', linear_classifier(config, data))
+    on_run('logreg')
   if 'rbf_svm' in config.methods:
     make = lambda c: svm.SVC(kernel='rbf', gamma=config.rbf_svm.gamma, C=c)
     add('rbf_svm', select_on_validation(make, config.rbf_svm.c_grid, data['train'],
                                         data['val'], data['test']))
+    on_run('rbf_svm')
   if 'mkl' in config.methods:
     add('mkl', run_mkl(config, data))
+    on_run('mkl')
+  if not any(m in config.methods for m in ('rff', 'importance', 'coulomb')):
+    return records, histories
 
   x_tr, y_tr = (jnp.asarray(a) for a in data['train'])
   dim = dcfg.dim
@@ -152,15 +196,18 @@ def run_cell(config, seed, noise_index, warm):
     bw, res = best
     if 'rff' in config.methods:
       add('rff', res, budget=budget, bandwidth=bw, seconds=0.0)
+    on_run(f'rff N={budget}')
     if 'importance' in config.methods:
       nw = config.importance.candidates_factor * budget
       sample = lambda: importance_sampling.importance_sample(
           jax.random.fold_in(run_key, budget), x_tr, y_tr, 2 * budget, num_candidates=nw,
           scale=1.0 / bw, rho=config.importance.rho_factor * nw)
-      (w, b, _), secs = _timed(sample, warm, ('importance', budget))
+      (w, b, _), secs = _timed(sample, warm, ('importance', budget), say,
+                               f'importance sampling (N={budget}, {nw} candidates)')
       feats = _np_splits(data, lambda x: importance_sampling.cosine_features(x, w, b))
       add('importance', linear_classifier(config, feats), budget=budget, bandwidth=bw,
           seconds=secs)
+      on_run(f'importance N={budget}')
     if 'coulomb' in config.methods:
       lcfg, hcfg = config.langevin, config.hamiltonian
       omega0 = z / bw
@@ -171,7 +218,8 @@ def run_cell(config, seed, noise_index, warm):
             step_size=lcfg.step_size, beta=lcfg.beta,
             radius=lcfg.radius_scale * math.sqrt(dim) / bw, clip_norm=lcfg.clip_norm,
             batch_size=lcfg.batch_size, num_epochs=lcfg.num_epochs, tol=lcfg.tol)
-        (omega, hist), secs = _timed(run, warm, ('coulomb', budget))
+        (omega, hist), secs = _timed(run, warm, ('coulomb', budget), say,
+                                     f'the Langevin run (N={budget} particles)')
         feats = _np_splits(data, lambda x: cj.features.rff(x, omega))
         _, terms = cj.hamiltonian_terms(omega, x_tr, y_tr, feature_map='rff', lam=lam,
                                         s=hcfg.s, softening=hcfg.softening)
@@ -182,25 +230,8 @@ def run_cell(config, seed, noise_index, warm):
         histories[f'N={budget},lam={lam}'] = {
             k: np.asarray(v).tolist() for k, v in hist._asdict().items()
             if k in ('hamiltonian', 'alignment', 'repulsion', 'max_move')}
+        on_run(f'coulomb N={budget} λ={lam:g}')
   return records, histories
-
-
-def _load_done(path):
-  """Records and finished cells from a previous (possibly killed) run."""
-  records, done = [], set()
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError:     # a line cut by a kill: that cell is redone
-          continue
-        if row.get('cell_done'):
-          done.add((row['noise_index'], row['seed']))
-        else:
-          records.append(row)
-  records = [r for r in records if (r['noise_index'], r['seed']) in done]
-  return records, done
 
 
 def check_config(config):
@@ -253,48 +284,62 @@ def _fingerprint(config):
 
 
 def run_study(config, workdir):
-  """Runs (or resumes) the study; returns the results dict written to results.json."""
-  check_config(config)
+  """Runs (or resumes) the study; returns the results dict written to results.json.
+
+  A bad config value, or a workdir holding records of another config, raises
+  ``cli.ConfigError`` before anything is computed or written.
+  """
+  try:
+    check_config(config)
+  except ValueError as e:
+    raise cli.ConfigError(str(e)) from None
   meta = synthetic_report.run_metadata()
-  os.makedirs(workdir, exist_ok=True)
   config_path = os.path.join(workdir, 'config.json')
   if os.path.exists(config_path):
     with open(config_path) as f:
       if json.load(f) != json.loads(json.dumps(_fingerprint(config))):
-        raise ValueError(f'workdir {workdir!r} holds records of a different config '
-                         f'(see {config_path}); use a new --workdir.')
-  else:
-    provenance.write_json_atomic(config_path, _fingerprint(config))
-  path = os.path.join(workdir, 'records.jsonl')
-  records, done = _load_done(path)
-  # Rewrite the file with complete cells only, so a cut line never stays behind.
-  provenance.write_atomic(path, ''.join(
-      [json.dumps(r) + '\n' for r in records]
-      + [json.dumps({'cell_done': True, 'noise_index': i, 'seed': s}) + '\n'
-         for i, s in sorted(done)]))
-  if done:
-    print(f'resuming: {len(done)} cells already done', flush=True)
+        raise cli.ConfigError(f'workdir {workdir!r} holds records of a different config '
+                              f'(see {config_path}); use a new --workdir.')
+  os.makedirs(workdir, exist_ok=True)
+  if not os.path.exists(config_path):
+    provenance.write_json_atomic(config_path, _fingerprint(config), indent=1)
+  path = os.path.join(workdir, synthetic_records.FILENAME)
+  records, done = synthetic_records.load_done(path)
+  synthetic_records.rewrite_complete(path, records, done)
 
+  noise_levels = config.data.noise_levels
+  cells = [(i, s) for i in range(len(noise_levels)) for s in range(config.num_seeds)]
+  runs = cell_runs(config)
+  # One line per run at most every 2 s; the compilations and cell summaries always print.
+  progress = progress_lib.Progress('synthetic', total=len(cells) * len(runs), unit='run',
+                                   done=len(done) * len(runs), every=2.0)
+  progress.say(f'{len(noise_levels)} noise levels × {config.num_seeds} seeds, {len(runs)} runs '
+               f'each ({", ".join(config.methods)}): {progress.total} runs; workdir {workdir}, '
+               f'config saved to {config_path}')
+  if done:
+    progress.say(f'resuming: {len(done)} cells already done')
   trace_cell = (config.report.noise_index, 0)
-  warm, start = set(), time.perf_counter()
-  cells = [(i, s) for i in range(len(config.data.noise_levels)) for s in range(config.num_seeds)]
-  for count, (noise_index, seed) in enumerate(cells, 1):
+  warm = set()
+  for noise_index, seed in cells:
     if (noise_index, seed) in done:
       continue
-    cell_records, cell_hist = run_cell(config, seed, noise_index, warm)
+    where = (f'noise {noise_index + 1}/{len(noise_levels)} (σ={noise_levels[noise_index]:.3g}) '
+             f'seed {seed + 1}/{config.num_seeds}')
+    cell_records, cell_hist = run_cell(
+        config, seed, noise_index, warm,
+        on_run=lambda label: progress.update(f'{where} method {label}'),
+        say=lambda text: progress.say(f'{where}: {text}'))
     for r in cell_records:
       r['commit'] = meta['commit']     # a resumed study may hold cells of several commits
     if (noise_index, seed) == trace_cell:
       provenance.write_json_atomic(os.path.join(workdir, 'histories.json'), cell_hist)
-    with open(path, 'a') as f:
-      for r in cell_records:
-        f.write(json.dumps(r) + '\n')
-      f.write(json.dumps({'cell_done': True, 'noise_index': noise_index, 'seed': seed}) + '\n')
+    synthetic_records.append_cell(path, cell_records, noise_index, seed)
     records.extend(cell_records)
-    print(synthetic_report.progress_line(cell_records, count, len(cells),
-                                         time.perf_counter() - start), flush=True)
+    progress.say(f'{where} done: {synthetic_report.cell_summary(cell_records)}')
+  progress.say('writing results.json, results.md and the figures …')
   results = synthetic_report.write_report(config, records, workdir, meta)
   print(results['markdown_summary'])
+  progress.say(f'done in {progress_lib.format_duration(progress.elapsed)}; results in {workdir}')
   return results
 
 
@@ -306,7 +351,9 @@ def main(argv):
 
 if __name__ == '__main__':
   # Flags are defined here, not at import, so other scripts can import this module.
-  config_flags.DEFINE_config_file('config', None, 'Study config.', lock_config=True)
+  config_flags.DEFINE_config_file('config', None, 'Study config (configs/synthetic.py, or '
+                                  'configs/synthetic.py:quick); override any field with '
+                                  '--config.<section>.<field>=value.', lock_config=True)
   flags.DEFINE_string('workdir', None, 'Directory for records, results and figures.')
   flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  cli.run(main)

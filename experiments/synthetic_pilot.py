@@ -15,6 +15,11 @@ import itertools
 import json
 import math
 import os
+import sys
+
+if __name__ == '__main__' and not __package__:
+  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags
@@ -25,6 +30,7 @@ import numpy as np
 
 import coulomb_jax as cj
 from coulomb_jax import synthetic
+from experiments import cli
 from experiments import provenance
 from experiments import synthetic as study
 from experiments import synthetic_report
@@ -85,4 +91,4 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'Study config.', lock_config=True)
   flags.DEFINE_string('workdir', None, 'Directory for pilot.json.')
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  cli.run(main)

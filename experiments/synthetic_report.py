@@ -10,13 +10,20 @@ data set and initial draw) between two methods.
 
 import json
 import os
+import sys
+
+if __name__ == '__main__' and not __package__:
+  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags
 import numpy as np
 from scipy import stats
 
+from configs import synthetic as synthetic_config
 from experiments import provenance
+from experiments import synthetic_records
 
 BASELINES = ('logreg', 'rbf_svm', 'mkl')
 
@@ -78,15 +85,12 @@ def paired(records, a, b, noise_index, budget):
   return mean_ci(diffs) if diffs else (float('nan'), float('nan'), 0)
 
 
-def progress_line(cell_records, count, total, seconds):
-  """One line per finished cell: each method's validation accuracy at its best budget."""
-  r0 = cell_records[0]
+def cell_summary(cell_records):
+  """Each method's validation accuracy at its best budget, on one line."""
   best = {}
   for r in cell_records:
     best[label(r)] = max(best.get(label(r), 0.0), r['val_accuracy'])
-  parts = ' '.join(f'{k} {v:.3f}' for k, v in best.items())
-  return (f"[{count}/{total}] σ={r0['noise']:.3g} seed {r0['seed']} ({seconds:.0f}s)  "
-          f'best validation accuracy: {parts}')
+  return 'best validation accuracy: ' + ' '.join(f'{k} {v:.3f}' for k, v in best.items())
 
 
 def tables(config, records):
@@ -154,10 +158,17 @@ def tables(config, records):
   return '\n'.join(out)
 
 
+def accuracy_band(mean, half):
+  """(lower, upper) of mean ± half clipped to [0, 1]: a t-interval over 2 seeds can leave it."""
+  mean, half = np.asarray(mean, np.float64), np.nan_to_num(np.asarray(half, np.float64))
+  return np.clip(mean - half, 0.0, 1.0), np.clip(mean + half, 0.0, 1.0)
+
+
 def figures(config, records, workdir):
   import matplotlib                                  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt                    # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker                      # pylint: disable=g-import-not-at-top
   agg = aggregate(records)
   noise = np.asarray(config.data.noise_levels)
   budgets = list(config.features.budgets)
@@ -171,9 +182,14 @@ def figures(config, records, workdir):
       return
     x = np.array([p[0] for p in pts])
     m = np.array([p[1][0] for p in pts])
-    h = np.nan_to_num(np.array([p[1][1] for p in pts]))
+    h = np.array([p[1][1] for p in pts])
     line, = ax.plot(x, m, marker='o', label=name, color=color)
-    ax.fill_between(x, m - h, m + h, alpha=0.15, color=line.get_color())
+    ax.fill_between(x, *accuracy_band(m, h), alpha=0.15, color=line.get_color())
+
+  def log_ticks(ax, values, fmt):
+    """Ticks at the values used, labelled once: no minor labels over them."""
+    ax.set_xticks(values, [fmt(v) for v in values])
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
 
   # The main figures show the baselines, the fixed maps and three learned rows; every
   # λ is in the ablation figure.
@@ -186,8 +202,10 @@ def figures(config, records, workdir):
     band(ax, noise, [(lab, i, budget) for i in range(len(noise))], lab, colors[lab])
   ax.set(xscale='log', xlabel='label noise σ', ylabel='test accuracy',
          title=f'Accuracy vs noise (N = {top}; 95% CI over seeds)')
+  if len(noise) <= 5:
+    log_ticks(ax, noise, lambda v: f'{v:.2g}')
   ax.legend(fontsize=7)
-  paths.append(_save(fig, workdir, 'fig_accuracy_vs_noise.png'))
+  paths.append(_save(fig, workdir, 'fig_accuracy_vs_noise.png', config))
 
   i0 = config.report.noise_index
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -196,9 +214,9 @@ def figures(config, records, workdir):
       band(ax, budgets, [(lab, i0, n) for n in budgets], lab, colors[lab])
   ax.set(xscale='log', xlabel='features N', ylabel='test accuracy',
          title=f'Accuracy vs budget (σ = {noise[i0]:.3g})')
-  ax.set_xticks(budgets, [str(n) for n in budgets])
+  log_ticks(ax, budgets, str)
   ax.legend(fontsize=7)
-  paths.append(_save(fig, workdir, 'fig_accuracy_vs_budget.png'))
+  paths.append(_save(fig, workdir, 'fig_accuracy_vs_budget.png', config))
 
   lams = list(config.hamiltonian.lams)
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -207,7 +225,7 @@ def figures(config, records, workdir):
       band(ax, lams, [(f'coulomb λ={lam:g}', i, mid) for lam in lams], f'σ = {noise[i]:.3g}')
   ax.set(xlabel='λ', ylabel='test accuracy', title=f'λ ablation (N = {mid})')
   ax.legend(fontsize=6, ncol=2)
-  paths.append(_save(fig, workdir, 'fig_lambda_ablation.png'))
+  paths.append(_save(fig, workdir, 'fig_lambda_ablation.png', config))
 
   hist_path = os.path.join(workdir, 'histories.json')
   if os.path.exists(hist_path):
@@ -219,11 +237,23 @@ def figures(config, records, workdir):
       ax.plot(hist[key][name])
       ax.set(xlabel='Langevin step', title=name)
     fig.suptitle(f'One run: {key}, σ = {noise[i0]:.3g}, seed 0 (minibatch values)')
-    paths.append(_save(fig, workdir, 'fig_energy_vs_step.png'))
+    paths.append(_save(fig, workdir, 'fig_energy_vs_step.png', config))
   return paths
 
 
-def _save(fig, workdir, name):
+def smoke_label(config):
+  """The banner of a smoke-sized study's figures ('' for a real study)."""
+  if not config.report.smoke_run:
+    return ''
+  seeds = f"{config.num_seeds} seed{'s' * (config.num_seeds != 1)}"
+  return f'quick variant: smoke run, {seeds} — not results'
+
+
+def _save(fig, workdir, name, config):
+  banner = smoke_label(config)
+  if banner:
+    title = fig.get_suptitle()
+    fig.suptitle(f'{banner}\n{title}' if title else banner, color='firebrick', fontsize=9)
   fig.tight_layout()
   path = os.path.join(workdir, name)
   fig.savefig(path, dpi=90)
@@ -250,7 +280,9 @@ def write_report(config, records, workdir, meta):
              'records': [r for r in records if r['method'] != SELECTED],
              'markdown_summary': md}
   provenance.write_json_atomic(os.path.join(workdir, 'results.json'), results, indent=1)
-  header = (f"# Synthetic study results\n\nCommand: `{meta['command']}`  \n"
+  banner = smoke_label(config)
+  header = ('# Synthetic study results\n\n' + (f'**{banner}**\n\n' if banner else '')
+            + f"Command: `{meta['command']}`  \n"
             f"Commit: {meta['commit']} (records from: {', '.join(meta['record_commits'])})  \n"
             f"Date: {meta['date']}  \n"
             f"Machine: {json.dumps(meta['machine'])}\n")
@@ -260,21 +292,21 @@ def write_report(config, records, workdir, meta):
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   workdir = flags.FLAGS.workdir
-  import ml_collections                                # pylint: disable=g-import-not-at-top
   with open(os.path.join(workdir, 'results.json')) as f:
     previous = json.load(f)
-  config = ml_collections.ConfigDict(previous['config'])
+  # Fields added to the config after a study was run take their defaults.
+  config = synthetic_config.get_config()
+  config.update(previous['config'])
   meta = {k: previous[k] for k in ('command', 'commit', 'date', 'machine')}
   # record_commits is recomputed from the records themselves.
-  from experiments import synthetic                   # pylint: disable=g-import-not-at-top
-  records, _ = synthetic._load_done(os.path.join(workdir, 'records.jsonl'))  # pylint: disable=protected-access
+  records, _ = synthetic_records.load_done(os.path.join(workdir, synthetic_records.FILENAME))
   print(write_report(config, records, workdir, meta)['markdown_summary'])
 
 
 if __name__ == '__main__':
-  # Defined here, not at import: experiments.synthetic imports this module.
-  flags.DEFINE_string('workdir', None, 'Directory holding records.jsonl.')
+  flags.DEFINE_string('workdir', None, 'Directory holding records.jsonl and results.json.')
   flags.mark_flags_as_required(['workdir'])
   app.run(main)

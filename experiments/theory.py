@@ -16,6 +16,11 @@ behind the figures, with log-log slopes against N) and ``fig_theory_*.png``.
 
 import json
 import os
+import sys
+
+if __name__ == '__main__' and not __package__:
+  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags
@@ -28,6 +33,8 @@ import coulomb_jax as cj
 from coulomb_jax import diagnostics
 from coulomb_jax import hamiltonian as hl
 from coulomb_jax import synthetic
+from experiments import cli
+from experiments import progress as progress_lib
 from experiments import provenance
 from experiments import synthetic_report
 
@@ -37,21 +44,50 @@ def _energy_kwargs(config):
   return dict(feature_map=d.feature_map, lam=d.lam, s=d.s, softening=d.softening)
 
 
-def run(config, key, x, y, num_particles, beta, num_epochs, return_initial=False):
+class Runs:
+  """Progress of the Langevin runs: "compiling …" before each new shape, then a line per run."""
+
+  def __init__(self, total):
+    self.progress = progress_lib.Progress('theory', total=total, unit='run', every=2.0)
+    self._shapes = set()
+
+  def langevin(self, what, omega0, *args, num_epochs, **kwargs):
+    shape = (omega0.shape, num_epochs)
+    if shape not in self._shapes:
+      self.progress.say(f'{what}: compiling the Langevin run (N={omega0.shape[0]}, '
+                        f'{num_epochs} steps) …')
+      self._shapes.add(shape)
+    out = cj.run_langevin(*args[:1], omega0, *args[1:], num_epochs=num_epochs, **kwargs)
+    jax.block_until_ready(out)
+    self.progress.update(what)
+    return out
+
+
+def count_runs(config):
+  """The Langevin runs of ``run_theory``: snapshots, N-vs-2N pairs, spread seeds."""
+  return (len(config.free_energy_betas) * config.dynamics.num_snapshots
+          + 2 * len(config.sw_particles) * config.num_seeds
+          + len(config.spread_betas) * len(config.spread_particles) * config.num_seeds)
+
+
+def run(config, key, x, y, num_particles, beta, num_epochs, return_initial=False, runs=None,
+        what=''):
   """One full-batch run from ω ~ N(0, σ_k⁻² I); returns the final (and initial) particles."""
   d = config.dynamics
+  runs = runs or Runs(0)
   init_key, run_key = jax.random.split(key)
   omega0 = cj.sample_gaussian(init_key, num_particles, x.shape[1]) / d.bandwidth
-  omega, _ = cj.run_langevin(run_key, omega0, x, y, **_energy_kwargs(config),
-                             step_size=d.step_size, beta=beta, radius=d.radius,
-                             num_epochs=num_epochs)
+  omega, _ = runs.langevin(what, omega0, run_key, x, y, **_energy_kwargs(config),
+                           step_size=d.step_size, beta=beta, radius=d.radius,
+                           num_epochs=num_epochs)
   return (omega, omega0) if return_initial else omega
 
 
-def free_energy_curves(config, key, x, y):
+def free_energy_curves(config, key, x, y, runs=None):
   """{β: [(step, H, ĥ, F)]} along one run per β, snapshots every num_steps/num_snapshots."""
   d = config.dynamics
   chunk = d.num_steps // d.num_snapshots
+  runs = runs or Runs(0)
   out = {}
   for beta in config.free_energy_betas:
     init_key, run_key = jax.random.split(jax.random.fold_in(key, int(beta)))
@@ -62,51 +98,57 @@ def free_energy_curves(config, key, x, y):
       ent = float(diagnostics.knn_entropy(omega))
       rows.append((snap * chunk, h, ent, float(diagnostics.free_energy(h, omega, beta))))
       if snap < d.num_snapshots:
-        omega, _ = cj.run_langevin(jax.random.fold_in(run_key, snap), omega, x, y,
-                                   **_energy_kwargs(config), step_size=d.step_size, beta=beta,
-                                   radius=d.radius, num_epochs=chunk)
+        omega, _ = runs.langevin(f'free energy β={beta:g} snapshot {snap + 1}/{d.num_snapshots}',
+                                 omega, jax.random.fold_in(run_key, snap), x, y,
+                                 **_energy_kwargs(config), step_size=d.step_size, beta=beta,
+                                 radius=d.radius, num_epochs=chunk)
     out[beta] = rows
-    print(f'free energy, β={beta:g}: F {rows[0][3]:+.4f} → {rows[-1][3]:+.4f}', flush=True)
+    runs.progress.say(f'free energy, β={beta:g}: F {rows[0][3]:+.4f} → {rows[-1][3]:+.4f}')
   return out
 
 
-def sw_vs_n(config, key, x, y):
+def sw_vs_n(config, key, x, y, runs=None):
   """({N: [SW₂(run N, run 2N)]}, {N: [SW₂(initial N, initial 2N)]}) per seed.
 
   The second is the reference: two independent i.i.d. clouds also get closer as
   N grows, so the learned clouds' rate is read against it.
   """
   learned, initial = {}, {}
+  runs = runs or Runs(0)
   for n in config.sw_particles:
     learned[n], initial[n] = [], []
     for seed in range(config.num_seeds):
       k = jax.random.fold_in(jax.random.fold_in(key, n), seed)
+      what = f'N vs 2N, N={n} seed {seed + 1}/{config.num_seeds}'
       a, a0 = run(config, jax.random.fold_in(k, 0), x, y, n, config.sw_beta,
-                  config.dynamics.num_steps, return_initial=True)
+                  config.dynamics.num_steps, return_initial=True, runs=runs, what=what)
       b, b0 = run(config, jax.random.fold_in(k, 1), x, y, 2 * n, config.sw_beta,
-                  config.dynamics.num_steps, return_initial=True)
+                  config.dynamics.num_steps, return_initial=True, runs=runs, what=what)
       sw_key = jax.random.fold_in(k, 2)
       learned[n].append(float(diagnostics.sliced_wasserstein(sw_key, a, b,
                                                              config.sw_projections)))
       initial[n].append(float(diagnostics.sliced_wasserstein(sw_key, a0, b0,
                                                              config.sw_projections)))
-    print(f'SW(N={n}, 2N={2 * n}): learned {np.mean(learned[n]):.4f}, '
-          f'initial {np.mean(initial[n]):.4f}', flush=True)
+    runs.progress.say(f'SW(N={n}, 2N={2 * n}): learned {np.mean(learned[n]):.4f}, '
+                      f'initial {np.mean(initial[n]):.4f}')
   return learned, initial
 
 
-def spread_vs_n_beta(config, key, x, y, x_eval):
+def spread_vs_n_beta(config, key, x, y, x_eval, runs=None):
   """{β: {N: kernel spread across seeds}} of the learned kernel on x_eval."""
   fm = cj.get_feature_map(config.dynamics.feature_map)
+  runs = runs or Runs(0)
   out = {}
   for beta in config.spread_betas:
     out[beta] = {}
     for n in config.spread_particles:
       phis = [fm(x_eval, run(config, jax.random.fold_in(jax.random.fold_in(key, n), seed),
-                             x, y, n, beta, config.dynamics.num_steps))
+                             x, y, n, beta, config.dynamics.num_steps, runs=runs,
+                             what=f'kernel spread β={beta:g} N={n} seed {seed + 1}/'
+                                  f'{config.num_seeds}'))
               for seed in range(config.num_seeds)]
       out[beta][n] = float(diagnostics.kernel_spread(jnp.stack(phis)))
-      print(f'kernel spread β={beta:g} N={n}: {out[beta][n]:.4f}', flush=True)
+      runs.progress.say(f'kernel spread β={beta:g} N={n}: {out[beta][n]:.4f}')
   return out
 
 
@@ -199,11 +241,14 @@ def run_theory(config, workdir):
                                        config.data.noise)
   x_eval, _ = synthetic.make_classification(eval_key, config.data.num_eval, config.data.dim,
                                             config.data.noise)
-  sw_learned, sw_initial = sw_vs_n(config, sw_key, x, y)
+  runs = Runs(count_runs(config))
+  runs.progress.say(f'{runs.progress.total} Langevin runs: free energy, N vs 2N clouds, '
+                    f'kernel spread; workdir {workdir}')
+  sw_learned, sw_initial = sw_vs_n(config, sw_key, x, y, runs)
   results = {**meta, 'config': config.to_dict(),
-             'free_energy': free_energy_curves(config, fe_key, x, y),
+             'free_energy': free_energy_curves(config, fe_key, x, y, runs),
              'sliced_wasserstein': sw_learned, 'sliced_wasserstein_initial': sw_initial,
-             'kernel_spread': spread_vs_n_beta(config, spread_key, x, y, x_eval)}
+             'kernel_spread': spread_vs_n_beta(config, spread_key, x, y, x_eval, runs)}
   os.makedirs(workdir, exist_ok=True)
   provenance.write_json_atomic(os.path.join(workdir, 'theory.json'), results, indent=1)
   provenance.write_atomic(os.path.join(workdir, 'theory.md'), summary_markdown(results))
@@ -223,4 +268,4 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', None, 'Theory config.', lock_config=True)
   flags.DEFINE_string('workdir', None, 'Directory for theory.json and figures.')
   flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  cli.run(main)

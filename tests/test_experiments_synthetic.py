@@ -2,13 +2,19 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from configs import synthetic as synthetic_config
+from experiments import cli
 from experiments import synthetic
+from experiments import synthetic_records
 from experiments import synthetic_report
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
 
 
 def _tiny_config():
@@ -33,6 +39,17 @@ def _tiny_config():
 def test_every_method_runs_and_report_is_written(tmp_path, capsys):
   config = _tiny_config()
   results = synthetic.run_study(config, str(tmp_path))
+  out = capsys.readouterr().out
+  # It says what it does: compilations, and progress lines with elapsed time, rate and ETA.
+  assert '[synthetic] noise 1/1 (σ=0.1) seed 1/1: compiling the Langevin run (N=8 particles) …' in out
+  assert 'compiling importance sampling (N=16, 64 candidates) …' in out
+  runs = synthetic.cell_runs(config)
+  assert runs == ['logreg', 'rbf_svm', 'mkl', 'rff N=8', 'importance N=8', 'coulomb N=8 λ=0',
+                  'coulomb N=8 λ=0.5', 'rff N=16', 'importance N=16', 'coulomb N=16 λ=0',
+                  'coulomb N=16 λ=0.5']
+  last = [l for l in out.splitlines() if f'{len(runs)}/{len(runs)} runs' in l]
+  assert len(last) == 1 and 'method coulomb N=16 λ=0.5 — 11/11 runs' in last[0]
+  assert ' elapsed, ' in last[0] and ' runs/s' in last[0] and last[0].endswith('ETA 00:00')
   methods = {(r['method'], r.get('budget'), r.get('lam')) for r in results['records']}
   assert {('logreg', None, None), ('rbf_svm', None, None), ('mkl', None, None)} <= methods
   for budget in (8, 16):
@@ -47,6 +64,7 @@ def test_every_method_runs_and_report_is_written(tmp_path, capsys):
                'fig_lambda_ablation.png', 'fig_energy_vs_step.png'):
     assert os.path.getsize(tmp_path / name) > 0, name
   md = (tmp_path / 'results.md').read_text()
+  assert '**quick variant: smoke run, 1 seed — not results**' in md     # from :quick
   assert all('commit' in r for r in results['records'])
   assert f"records from: {results['records'][0]['commit']}" in md
   for lab in ('logreg', 'rbf_svm', 'mkl', 'rff', 'importance', 'coulomb λ*', 'coulomb λ=0.5'):
@@ -57,12 +75,13 @@ def test_every_method_runs_and_report_is_written(tmp_path, capsys):
   # A second call resumes: every cell is done, nothing is recomputed.
   capsys.readouterr()
   again = synthetic.run_study(config, str(tmp_path))
-  assert 'resuming: 1 cells already done' in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert '[synthetic] resuming: 1 cells already done' in out and 'compiling' not in out
   assert again['records'] == results['records']
 
   # Resuming with a different config is refused instead of mixing records.
   config.langevin.step_size = 0.1
-  with pytest.raises(ValueError, match='holds records of a different config'):
+  with pytest.raises(cli.ConfigError, match='holds records of a different config'):
     synthetic.run_study(config, str(tmp_path))
 
 
@@ -72,7 +91,7 @@ def test_cut_record_line_is_dropped_and_cell_redone(tmp_path):
                   + json.dumps({'cell_done': True, 'noise_index': 0, 'seed': 0}) + '\n'
                   + json.dumps({'method': 'logreg', 'noise_index': 1, 'seed': 0}) + '\n'
                   + '{"method": "rff", "noi')
-  records, done = synthetic._load_done(str(path))   # pylint: disable=protected-access
+  records, done = synthetic_records.load_done(str(path))
   assert done == {(0, 0)} and len(records) == 1
 
 
@@ -91,7 +110,7 @@ def test_selected_lambda_and_intervals():
 def test_unknown_method_is_rejected_before_compute(tmp_path):
   config = _tiny_config()
   config.methods = ['rff', 'svm']
-  with pytest.raises(ValueError, match=r"config.methods: unknown \['svm'\]"):
+  with pytest.raises(cli.ConfigError, match=r"config.methods: unknown \['svm'\]"):
     synthetic.run_study(config, str(tmp_path))
   assert not os.listdir(tmp_path)
 
@@ -120,3 +139,33 @@ def test_pilot_runs_on_validation_only(monkeypatch):
   rows = synthetic_pilot.run_pilot(config)
   assert len(rows) == 1 and set(rows[0]) == {'lam', 'step_size', 'beta', 'mean_val_gain'}
   assert -1.0 <= rows[0]['mean_val_gain'] <= 1.0
+
+
+def test_accuracy_band_is_clipped_and_smoke_runs_say_so():
+  lower, upper = synthetic_report.accuracy_band([0.9, 0.05, 0.5], [0.3, 0.2, float('nan')])
+  np.testing.assert_allclose(lower, [0.6, 0.0, 0.5])
+  np.testing.assert_allclose(upper, [1.0, 0.25, 0.5])
+  config = synthetic_config.get_config('quick')
+  assert synthetic_report.smoke_label(config) == (
+      'quick variant: smoke run, 2 seeds — not results')
+  assert synthetic_report.smoke_label(synthetic_config.get_config()) == ''
+
+
+def test_launched_as_a_file_from_another_folder_a_typo_is_one_line(tmp_path):
+  """python path/to/experiments/synthetic.py --config=path/to/configs/synthetic.py …"""
+  script = os.path.join(ROOT, 'experiments', 'synthetic.py')
+  config = os.path.join(ROOT, 'configs', 'synthetic.py')
+  env = dict(os.environ, PYTHONPATH='')
+  for override, message in (
+      ('--config.langevin.stepsize=0.1',
+       "synthetic: error: --config.langevin.stepsize=0.1: unknown config field 'stepsize'. "
+       'Did you mean "step_size" instead of "stepsize"?'),
+      ('--config.langevin.beta=-1',                     # a bad value: check_config's error
+       'synthetic: error: config.langevin.beta must be > 0, got -1.0.')):
+    proc = subprocess.run([sys.executable, script, f'--config={config}:quick',
+                           f'--workdir={tmp_path / "w"}', override], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == message
+    assert 'Traceback' not in proc.stderr
+    assert not (tmp_path / 'w').exists()

@@ -61,6 +61,21 @@ def test_resumed_work_counts_towards_total_not_rate():
   assert '7/10 runs' in p.line() and '30 s/run' in p.line() and 'ETA 01:30' in p.line()
 
 
+def test_every_throttles_update_lines_but_not_the_last_or_say():
+  clock, out = FakeClock(), io.StringIO()
+  p = progress.Progress('theory', total=4, unit='step', every=10.0, stream=out, clock=clock)
+  for _ in range(3):
+    clock.now += 3.0
+    p.update('step')                       # printed at 3 s; 6 s and 9 s are within 10 s
+  p.say('compiling …')
+  clock.now += 3.0
+  p.update('last')                         # the last unit: always printed
+  assert out.getvalue().splitlines() == [
+      '[theory] step — 1/4 steps, 00:03 elapsed, 0.33 steps/s, ETA 00:09',
+      '[theory] compiling …',
+      '[theory] last — 4/4 steps, 00:12 elapsed, 0.33 steps/s, ETA 00:00']
+
+
 def test_bad_counts():
   with pytest.raises(ValueError, match='total and done must be >= 0'):
     progress.Progress('x', total=-1)

@@ -9,7 +9,7 @@ from configs import theory as theory_config
 from experiments import theory
 
 
-def test_theory_tiny_run(tmp_path):
+def test_theory_tiny_run(tmp_path, capsys):
   config = theory_config.get_config('quick')
   config.num_seeds = 2
   config.data.num_train, config.data.num_eval = 40, 20
@@ -19,6 +19,12 @@ def test_theory_tiny_run(tmp_path):
   config.spread_particles = [4, 8]
   config.spread_betas = [100.0]
   results = theory.run_theory(config, str(tmp_path))
+  out = capsys.readouterr().out
+  # 2 snapshots + 2 N × 2 seeds × 2 clouds + 1 β × 2 N × 2 seeds = 14 runs.
+  assert theory.count_runs(config) == 14
+  assert '[theory] 14 Langevin runs' in out
+  assert 'compiling the Langevin run (N=4, 4 steps) …' in out
+  assert [l for l in out.splitlines() if '14/14 runs' in l][0].endswith('ETA 00:00')
   rows = results['free_energy'][100.0]
   assert [r[0] for r in rows] == [0, 2, 4]
   for step, h, ent, f in rows:
