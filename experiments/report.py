@@ -20,9 +20,22 @@ out as ``<dataset>/<variant>/seed<s>/``) and writes
   when that file exists.
 * ``--docs``: one table per dataset (variants in the order of
   ``configs.text.VARIANTS``, then the reference), the commands, commits,
-  machines and dates of the runs, and the paired tables. The block between
-  ``<!-- analysis -->`` and ``<!-- /analysis -->`` of an existing file is kept
-  verbatim; everything else is rewritten.
+  machines and dates of the runs, the paired tables and the two figures below.
+  The block between ``<!-- analysis -->`` and ``<!-- /analysis -->`` of an
+  existing file is kept verbatim; everything else is rewritten.
+* ``<figures>/<dataset>_paired.png`` (``--figures``, default ``figures/`` next to
+  ``--docs``; for a docs file other than ``results.md`` the names start with its
+  stem, e.g. ``results_paper_length_sst2_paired.png``): a forest plot of the
+  paired differences Kernel-X − Vanilla-X and Kernel-X − Ball-X per feature map,
+  accuracy and ECE, mean with its 95% Student-t interval over seeds
+  (mean ± t₀.₉₇₅,ₙ₋₁ · std/√n; a point without interval when n = 1).
+* ``<figures>/<dataset>_reliability.png``: reliability diagrams, one panel per
+  feature map with Kernel-X, Vanilla-X and Ball-X, plus softmax and the TF-IDF
+  row in every panel, from the per-example test predictions: each run's
+  ``predictions_test.npz`` (arrays ``labels``, int 0/1, and ``probs``, float
+  P(class 1), in the order of the test split; ``save_predictions`` writes it),
+  and the reference's ``<tfidf>/<dataset>[_<rule>]_predictions_test.npz``. The
+  seeds of a variant are pooled. Drawn only when some run has predictions.
 
 Runs directories with a ``config.json`` but no ``results.json`` are listed as
 unfinished and left out of the means. Two results for the same (dataset,
@@ -33,12 +46,19 @@ refused rather than averaged.
 import json
 import os
 import re
+import sys
 from typing import Optional
+
+if __name__ == '__main__' and not __package__:
+  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
 from configs import text
+from experiments import progress as progress_lib
 from experiments import provenance
+from experiments import report_figures
 
 SPLIT_NAMES = {
     'sst2': 'GLUE SST-2 dev (872)',
@@ -60,6 +80,10 @@ REFERENCE_NAME = 'TF-IDF (word uni+bigram) + logistic regression'
 ANALYSIS_START, ANALYSIS_END = '<!-- analysis -->', '<!-- /analysis -->'
 PLACEHOLDER = '(analysis to be written)'
 RESULTS = 'results.json'
+PREDICTIONS = 'predictions_test.npz'
+"""Per-example test predictions of a run: ``labels`` [n] int 0/1, ``probs`` [n] P(class 1)."""
+RELIABILITY_BINS = 10
+RELIABILITY_KINDS = ('kernel', 'vanilla', 'ball')
 # Config fields that may differ between the seeds of one variant.
 _FREE_FIELDS = ('seed', 'data.data_dir', 'run')
 # Config fields added after some runs were made, with the value that reproduces what
@@ -89,7 +113,9 @@ def load_runs(runs_dir: str):
         raise ValueError(f'{os.path.join(root, RESULTS)} was trained or evaluated on a subset '
                          f'(data.max_train_examples / max_eval_examples); the tables are for '
                          f'full splits only: pass a --runs folder without smoke runs.')
-      finished.append(dict(r, path=path))
+      predictions = os.path.join(root, PREDICTIONS)
+      finished.append(dict(r, path=path,
+                           predictions=predictions if PREDICTIONS in files else None))
     elif 'config.json' in files:
       with open(os.path.join(root, 'config.json')) as f:
         config = json.load(f)
@@ -111,6 +137,29 @@ def reference_file(dataset: str, validation_rule: str = 'rows') -> str:
   return f'{dataset}.json' if validation_rule == 'rows' else f'{dataset}_{validation_rule}.json'
 
 
+def reference_predictions_file(dataset: str, validation_rule: str = 'rows') -> str:
+  """The reference's per-example test predictions, next to ``reference_file``."""
+  return reference_file(dataset, validation_rule)[:-len('.json')] + '_' + PREDICTIONS
+
+
+def save_predictions(path: str, labels, probs) -> None:
+  """Writes ``labels`` (int 0/1) and ``probs`` (P(class 1)) of the test split to ``path``
+  (``.npz``, atomically): what the reliability diagrams read."""
+  labels, probs = np.asarray(labels), np.asarray(probs, np.float64)
+  if labels.shape != probs.shape or labels.ndim != 1:
+    raise ValueError(f'labels and probs must be [n] arrays of one shape, got {labels.shape} '
+                     f'and {probs.shape}.')
+  with open(path + '.tmp', 'wb') as f:
+    np.savez(f, labels=labels.astype(np.int64), probs=probs)
+  os.replace(path + '.tmp', path)
+
+
+def load_predictions(path: str):
+  """``(labels, probs)`` of a ``predictions_test.npz``."""
+  with np.load(path) as z:
+    return np.asarray(z['labels'], np.int64), np.asarray(z['probs'], np.float64)
+
+
 def load_reference(tfidf_dir: Optional[str], dataset: str,
                    validation_rule: str = 'rows') -> Optional[dict]:
   path = tfidf_dir and os.path.join(tfidf_dir, reference_file(dataset, validation_rule))
@@ -120,7 +169,8 @@ def load_reference(tfidf_dir: Optional[str], dataset: str,
     r = json.load(f)
   metrics = {k: summarize([r['test'][k]]) for k in METRICS}
   metrics['train_seconds'] = summarize([r['train_seconds']])
-  return {'name': REFERENCE_NAME, 'variant': r['variant'], 'source': path, 'C': r.get('C'),
+  return {'name': REFERENCE_NAME, 'variant': r['variant'],
+          'source': provenance.relative_path(path), 'C': r.get('C'),
           'command': r['command'], 'commit': r['commit'], 'date': r['date'],
           'machine': r['machine'], 'metrics': metrics,
           'validation_rule': r.get('validation_rule', 'rows')}
@@ -301,6 +351,79 @@ def dataset_summary(dataset, runs, unfinished, reference, meta) -> dict:
   }
 
 
+# ----------------------------------------------------------------------------- figures
+
+def _pooled(paths, expected_labels):
+  """Labels and P(class 1) of several runs, concatenated; every run must hold the same labels."""
+  labels, probs = [], []
+  for path in paths:
+    y, p = load_predictions(path)
+    if expected_labels[0] is None:
+      expected_labels[0] = (y, path)
+    elif not np.array_equal(y, expected_labels[0][0]):
+      raise ValueError(f'{path} and {expected_labels[0][1]} hold different test labels; the '
+                       f'reliability diagrams compare predictions on one test split.')
+    labels.append(y)
+    probs.append(p)
+  return np.concatenate(labels), np.concatenate(probs), len(paths)
+
+
+def reliability_panels(runs, reference_predictions: Optional[str] = None) -> dict:
+  """``{panel: {curve: (labels, probs, runs)}}`` for ``report_figures.reliability_figure``.
+
+  One panel per feature map with predictions for Kernel-, Vanilla- or Ball-X, each
+  with softmax and the reference as well; a single panel when only those two have
+  predictions; ``{}`` when no run has any.
+  """
+  expected = [None]
+  groups = _by_variant(runs)
+  with_predictions = lambda v: [r['predictions'] for r in groups.get(v, []) if r.get('predictions')]
+  common = {}
+  if with_predictions('softmax'):
+    common['softmax'] = _pooled(with_predictions('softmax'), expected)
+  if reference_predictions and os.path.isfile(reference_predictions):
+    common['reference'] = _pooled([reference_predictions], expected)
+  panels = {}
+  for fmap in text.MAPS:
+    curves = {kind: _pooled(with_predictions(f'{kind}-{fmap}'), expected)
+              for kind in RELIABILITY_KINDS if with_predictions(f'{kind}-{fmap}')}
+    if curves:
+      panels[fmap] = {**curves, **common}
+  if not panels and common:
+    panels['softmax and TF-IDF'] = common
+  return panels
+
+
+def figure_names(docs_path: str, dataset: str) -> dict:
+  """File names of a dataset's figures: ``<dataset>_{paired,reliability}.png``, prefixed
+  with the docs file's stem unless it is ``results.md``."""
+  stem = os.path.splitext(os.path.basename(docs_path))[0]
+  prefix = '' if stem == 'results' else stem + '_'
+  return {kind: f'{prefix}{dataset}_{kind}.png' for kind in ('paired', 'reliability')}
+
+
+def draw_figures(summary, runs, figures_dir: str, names: dict,
+                 reference_predictions: Optional[str] = None) -> dict:
+  """Draws a dataset's figures; returns ``{'paired': path or None, 'reliability': ...}``."""
+  title = TITLES.get(summary['dataset'], summary['dataset'])
+  out = {'paired': None, 'reliability': None}
+  comparisons = {name: summary[key] for name, key in (('Kernel − Vanilla', 'paired'),
+                                                      ('Kernel − Ball', 'paired_ball'))
+                 if summary.get(key)}
+  if comparisons:
+    maps = [m for m in text.MAPS if any(m in c for c in comparisons.values())]
+    out['paired'] = report_figures.paired_figure(
+        os.path.join(figures_dir, names['paired']), f'{title}: paired differences per map',
+        comparisons, maps=maps)
+  panels = reliability_panels(runs, reference_predictions)
+  if panels:
+    out['reliability'] = report_figures.reliability_figure(
+        os.path.join(figures_dir, names['reliability']),
+        f'{title}: reliability on the test split ({RELIABILITY_BINS} equal-width bins of '
+        f'P(class 1), seeds pooled)', panels, RELIABILITY_BINS)
+  return out
+
+
 # ----------------------------------------------------------------------------- markdown
 
 def fmt(summary, digits=4, signed=False):
@@ -336,7 +459,9 @@ def _counted(values):
   return ', '.join(f'{v} ({n} run{"s" * (n > 1)})' for v, n in counts.items())
 
 
-def dataset_markdown(s) -> str:
+def dataset_markdown(s, figures: Optional[dict] = None) -> str:
+  """The dataset's section; ``figures``: ``{'paired', 'reliability'}`` paths relative to
+  the docs file (``None`` where not drawn), embedded after the tables."""
   runs = s['runs']
   lines = [f"## {TITLES.get(s['dataset'], s['dataset'])}: {s['split']}", '']
   lines.append(f"{len(runs)} finished run{'s' * (len(runs) != 1)} "
@@ -382,7 +507,27 @@ def dataset_markdown(s) -> str:
   if s.get('paired_ball_vanilla'):
     lines += _paired_table('Paired Ball-X − Vanilla-X (what the projection onto the ball does '
                            'by itself):', s['paired_ball_vanilla'])
+  if figures is not None:
+    lines += _figure_lines(s, figures)
   return '\n'.join(lines)
+
+
+def _figure_lines(s, figures):
+  title = TITLES.get(s['dataset'], s['dataset'])
+  lines = []
+  if figures.get('paired'):
+    lines += [f'Paired differences per map (Kernel-X − Vanilla-X and Kernel-X − Ball-X; mean '
+              f'over seeds with its 95% t-interval, a hollow point for one seed):', '',
+              f"![{title}: paired differences]({figures['paired']})", '']
+  if figures.get('reliability'):
+    lines += ['Reliability diagrams on the test split (fraction of class 1 against the mean '
+              f'predicted P(class 1) in {RELIABILITY_BINS} equal-width bins; the seeds of a '
+              'variant pooled; softmax and the TF-IDF row in every panel):', '',
+              f"![{title}: reliability diagrams]({figures['reliability']})", '']
+  else:
+    lines += [f'Reliability diagrams: no run here saved its per-example test predictions '
+              f'(`{PREDICTIONS}`).', '']
+  return lines
 
 
 def _paired_table(title, pairs):
@@ -411,13 +556,14 @@ def read_analysis(docs_path: str) -> str:
   return old[start:end + len(ANALYSIS_END)]
 
 
-def markdown(summaries, analysis, meta) -> str:
+def markdown(summaries, analysis, meta, figures: Optional[dict] = None) -> str:
   parts = ['# Text classification: results', '',
            f"Generated by `{meta['command']}` at `{meta['commit']}` ({meta['date']}). "
            'Everything outside the analysis block is rewritten on every run of the report.', '',
            'Mean ± sample std (ddof = 1) over seeds on the evaluation split; one value when '
            'there is one seed. Train seconds: Phase A + Phase B, evaluation excluded.', '']
-  parts += [dataset_markdown(s) for s in summaries.values()]
+  figures = figures or {}
+  parts += [dataset_markdown(s, figures.get(d)) for d, s in summaries.items()]
   parts += ['## Analysis', '', analysis, '']
   return '\n'.join(parts)
 
@@ -425,11 +571,17 @@ def markdown(summaries, analysis, meta) -> str:
 # ----------------------------------------------------------------------------- entry point
 
 def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
-                 tfidf_dir: Optional[str] = None, meta: Optional[dict] = None) -> dict:
-  """Writes ``<out_dir>/<dataset>.json`` and ``docs_path``; returns ``{dataset: summary}``."""
+                 tfidf_dir: Optional[str] = None, meta: Optional[dict] = None,
+                 figures_dir: Optional[str] = None, draw: bool = True) -> dict:
+  """Writes ``<out_dir>/<dataset>.json``, ``docs_path`` and (``draw``) the figures in
+  ``figures_dir`` (default ``figures/`` next to ``docs_path``); returns ``{dataset: summary}``."""
   meta = meta or provenance.run_metadata('experiments.report')
   tfidf_dir = os.path.join(out_dir, 'tfidf') if tfidf_dir is None else tfidf_dir
+  docs_dir = os.path.dirname(docs_path)
+  figures_dir = os.path.join(docs_dir, 'figures') if figures_dir is None else figures_dir
   analysis = read_analysis(docs_path)          # fails before anything is written
+  progress = progress_lib.Progress('report', total=0, unit='dataset')
+  progress.say(f'reading the runs under {runs_dir} …')
   finished, unfinished = load_runs(runs_dir)
   # The datasets with runs; with none at all, those with a reference row.
   datasets = ({r['dataset'] for r in finished + unfinished}
@@ -437,17 +589,25 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
   unknown = datasets - set(SPLIT_NAMES)
   if unknown:
     raise ValueError(f'datasets {sorted(unknown)}: expected ones of {sorted(SPLIT_NAMES)}.')
-  summaries = {}
+  progress.total = len(datasets)
+  summaries, figures = {}, {}
   for d in (d for d in SPLIT_NAMES if d in datasets):
-    summaries[d] = dataset_summary(d, [r for r in finished if r['dataset'] == d],
-                                   [u for u in unfinished if u['dataset'] == d],
-                                   load_reference(tfidf_dir, d, _rule(finished, d)), meta)
+    runs, rule = [r for r in finished if r['dataset'] == d], _rule(finished, d)
+    summaries[d] = dataset_summary(d, runs, [u for u in unfinished if u['dataset'] == d],
+                                   load_reference(tfidf_dir, d, rule), meta)
+    if draw:
+      progress.say(f'{d}: {len(runs)} runs; drawing the paired and reliability figures …')
+      drawn = draw_figures(summaries[d], runs, figures_dir, figure_names(docs_path, d),
+                           os.path.join(tfidf_dir, reference_predictions_file(d, rule)))
+      figures[d] = {k: v and os.path.relpath(v, docs_dir or '.') for k, v in drawn.items()}
+    progress.update(f'{d}: {len(runs)} runs, {len(summaries[d]["variants"])} variants')
   os.makedirs(out_dir, exist_ok=True)
   for d, s in summaries.items():
     provenance.write_json_atomic(os.path.join(out_dir, f'{d}.json'), s, indent=1)
-  if os.path.dirname(docs_path):
-    os.makedirs(os.path.dirname(docs_path), exist_ok=True)
-  provenance.write_atomic(docs_path, markdown(summaries, analysis, meta))
+  if docs_dir:
+    os.makedirs(docs_dir, exist_ok=True)
+  provenance.write_atomic(docs_path, markdown(summaries, analysis, meta,
+                                              figures if draw else None))
   return summaries
 
 
@@ -459,11 +619,14 @@ if __name__ == '__main__':
   _OUT = flags.DEFINE_string('out', 'results', 'Folder for <dataset>.json.')
   _DOCS = flags.DEFINE_string('docs', 'docs/results.md', 'Markdown tables.')
   _TFIDF = flags.DEFINE_string('tfidf', None, 'Folder of the TF-IDF rows (default <out>/tfidf).')
+  _FIGURES = flags.DEFINE_string('figures', None, 'Folder for the figures (default figures/ '
+                                 'next to --docs).')
 
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-    summaries = write_report(_RUNS.value, _OUT.value, _DOCS.value, tfidf_dir=_TFIDF.value)
+    summaries = write_report(_RUNS.value, _OUT.value, _DOCS.value, tfidf_dir=_TFIDF.value,
+                             figures_dir=_FIGURES.value)
     for d, s in summaries.items():
       print(f"{d}: {len(s['runs'])} runs, {len(s['variants'])} variants, "
             f"{len(s['unfinished'])} unfinished", flush=True)

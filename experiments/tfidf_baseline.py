@@ -5,7 +5,9 @@ r"""Reference row: TF-IDF (word uni+bigram) + logistic regression, C chosen on v
 writes ``<out>/<task>.json`` for sst2, rotten_tomatoes and qqp_subset, with the
 same schema as a ``results.json`` of ``experiments.train`` where it makes sense
 (``variant='tfidf_logreg'``, ``validation`` and ``test`` metrics of
-``coulomb_jax.metrics``, ``train_seconds``, command, commit, machine).
+``coulomb_jax.metrics``, ``train_seconds``, command, commit, machine), and next
+to it ``<task>_predictions_test.npz`` (``labels``, ``probs`` = P(class 1) per
+test example: what ``experiments.report`` draws the reliability diagrams from).
 Splits are those of ``coulomb_jax.data.load_split`` (the same validation rows
 as the neural runs). Choices:
 
@@ -30,8 +32,13 @@ as the neural runs). Choices:
 """
 
 import os
+import sys
 import time
 from typing import Optional, Sequence
+
+if __name__ == '__main__' and not __package__:
+  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 from scipy import sparse
@@ -82,8 +89,13 @@ def check_c_grid(c_grid) -> list:
 
 
 def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
-              validation_rule: str = 'rows', meta: Optional[dict] = None) -> dict:
-  """Fits the reference on ``task``'s train split; returns a results dict (see module doc)."""
+              validation_rule: str = 'rows', meta: Optional[dict] = None,
+              predictions_path: Optional[str] = None) -> dict:
+  """Fits the reference on ``task``'s train split; returns a results dict (see module doc).
+
+  ``predictions_path``: where to write the test split's labels and P(class 1)
+  (``report.save_predictions``); not written when None.
+  """
   if task not in data.TASKS:
     raise ValueError(f'task must be one of {data.TASKS}, got {task!r}.')
   c_grid = check_c_grid(c_grid)
@@ -122,6 +134,8 @@ def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
   for split in ('validation', 'test'):
     probs = best_model.predict_proba(x[split])[:, 1].astype(np.float64)
     results[split] = metrics_lib.classification_metrics(splits[split].labels, probs)
+    if split == 'test' and predictions_path:
+      report.save_predictions(predictions_path, splits[split].labels, probs)
   return results
 
 
@@ -154,7 +168,9 @@ if __name__ == '__main__':
     meta = provenance.run_metadata('experiments.tfidf_baseline')
     os.makedirs(_OUT.value, exist_ok=True)
     for task in _TASKS.value:
-      r = run_tfidf(task, _DATA_DIR.value, c_grid, validation_rule=_RULE.value, meta=meta)
+      predictions = os.path.join(_OUT.value, report.reference_predictions_file(task, _RULE.value))
+      r = run_tfidf(task, _DATA_DIR.value, c_grid, validation_rule=_RULE.value, meta=meta,
+                    predictions_path=predictions)
       name = report.reference_file(task, _RULE.value)
       provenance.write_json_atomic(os.path.join(_OUT.value, name), r, indent=1)
       v, t = r['validation'], r['test']

@@ -206,8 +206,10 @@ def test_a_field_added_later_counts_as_its_old_behaviour(tmp_path):
 
 @pytest.mark.skipif(not os.path.isdir(os.path.join(DATA_DIR, 'rotten_tomatoes')),
                     reason=f'no Rotten Tomatoes data under {DATA_DIR} (set COULOMB_DATA_DIR)')
-def test_tfidf_on_rotten_tomatoes():
-  r = tfidf_baseline.run_tfidf('rotten_tomatoes', DATA_DIR, c_grid=(1.0, 8.0), meta=META)
+def test_tfidf_on_rotten_tomatoes(tmp_path):
+  predictions = str(tmp_path / report.reference_predictions_file('rotten_tomatoes'))
+  r = tfidf_baseline.run_tfidf('rotten_tomatoes', DATA_DIR, c_grid=(1.0, 8.0), meta=META,
+                               predictions_path=predictions)
   assert r['C'] in (1.0, 8.0) and [s['C'] for s in r['selection']] == [1.0, 8.0]
   best = max(r['selection'], key=lambda s: (s['validation_accuracy'], -s['validation_log_loss']))
   assert best['C'] == r['C'] and best['validation_accuracy'] == r['validation']['accuracy']
@@ -215,6 +217,10 @@ def test_tfidf_on_rotten_tomatoes():
   assert set(r['test']) == set(report.METRICS)
   assert (r['dataset'], r['variant'], r['seed']) == ('rotten_tomatoes', 'tfidf_logreg', 0)
   assert r['commit'] == META['commit'] and r['train_seconds'] > 0
+  # Its test predictions, for the reliability diagrams: they reproduce the test metrics.
+  labels, probs = report.load_predictions(predictions)
+  assert len(labels) == 1066 and predictions.endswith('rotten_tomatoes_predictions_test.npz')
+  assert metrics_lib.classification_metrics(labels, probs) == r['test']
 
 
 def test_subset_runs_are_refused(tmp_path):
@@ -244,3 +250,97 @@ def test_kernel_and_ball_are_paired_per_seed(tmp_path):
   assert d['seeds'] == [1] and d['accuracy']['mean'] == pytest.approx(0.03)
   md = open(tmp_path / 'r.md').read()
   assert 'Paired Kernel-X − Ball-X' in md and 'Paired Ball-X − Vanilla-X' in md
+
+
+# ----------------------------------------------------------------------------- figures
+
+def test_reliability_bins_hand_computed():
+  from experiments import report_figures  # pylint: disable=g-import-not-at-top
+  # Edges 0, .25, .5, .75, 1 (right-closed, 0 in bin 0): 0.0 and 0.25 → bin 0; 0.3 → 1;
+  # 0.5 → 1; 0.9, 1.0 → 3; bin 2 empty.
+  labels = [0, 1, 0, 1, 1, 0]
+  probs = [0.0, 0.25, 0.3, 0.5, 0.9, 1.0]
+  b = report_figures.reliability_bins(labels, probs, num_bins=4)
+  np.testing.assert_allclose(b['edges'], [0, 0.25, 0.5, 0.75, 1.0])
+  assert b['count'].tolist() == [2, 2, 0, 2]
+  np.testing.assert_allclose(b['mean_prob'], [0.125, 0.4, np.nan, 0.95])
+  np.testing.assert_allclose(b['frac_pos'], [0.5, 0.5, np.nan, 0.5])
+  # The same edges as metrics.ece: a confidence on an edge falls in the bin below it.
+  with pytest.raises(ValueError, match='one shape'):
+    report_figures.reliability_bins([0, 1], [0.5])
+
+
+def test_t_interval():
+  from experiments import report_figures  # pylint: disable=g-import-not-at-top
+  # n = 3, std 0.02: t_{0.975, 2} = 4.3027; half = 4.3027 · 0.02 / √3 = 0.049683.
+  mean, half = report_figures.t_interval({'mean': 0.01, 'std': 0.02, 'n': 3})
+  assert mean == 0.01 and half == pytest.approx(0.049683, rel=1e-4)
+  mean, half = report_figures.t_interval({'mean': 0.01, 'std': None, 'n': 1})
+  assert mean == 0.01 and np.isnan(half)
+
+
+def _write_predictions(root, dataset, variant, seed, labels, shift):
+  probs = np.clip(0.5 + shift * (2 * labels - 1), 0.0, 1.0)
+  report.save_predictions(os.path.join(root, dataset, variant, f'seed{seed}',
+                                       report.PREDICTIONS), labels, probs)
+  return probs
+
+
+def test_figures_are_drawn_and_embedded(tmp_path):
+  root, out = str(tmp_path / 'grid'), str(tmp_path / 'results')
+  docs = str(tmp_path / 'docs' / 'results.md')
+  labels = np.array([0, 1] * 20)
+  for seed in (0, 1):
+    for variant, acc, shift in (('kernel-favor', 0.80, 0.3), ('vanilla-favor', 0.78, 0.2),
+                                ('ball-favor', 0.79, 0.25), ('softmax', 0.81, 0.35)):
+      _write_run(root, 'rotten_tomatoes', variant, seed, acc + 0.01 * seed)
+      _write_predictions(root, 'rotten_tomatoes', variant, seed, labels, shift)
+  # A run without predictions (an older run): listed in the tables, left out of the diagrams.
+  _write_run(root, 'rotten_tomatoes', 'kernel-elu', 0, 0.7)
+  os.makedirs(os.path.join(out, 'tfidf'))
+  tfidf = {'command': 'python -m experiments.tfidf_baseline', 'commit': 'abc', 'date': 'd',
+           'machine': {}, 'dataset': 'rotten_tomatoes', 'variant': 'tfidf_logreg', 'seed': 0,
+           'C': 4.0, 'train_seconds': 3.0, 'validation': _metrics(0.75), 'test': _metrics(0.78)}
+  provenance.write_json_atomic(os.path.join(out, 'tfidf', 'rotten_tomatoes.json'), tfidf)
+  report.save_predictions(os.path.join(out, 'tfidf', 'rotten_tomatoes_predictions_test.npz'),
+                          labels, np.where(labels == 1, 0.7, 0.3))
+
+  run = next(r for r in report.load_runs(root)[0] if r['variant'] == 'kernel-favor')
+  got_labels, got_probs = report.load_predictions(run['predictions'])
+  assert got_labels.dtype == np.int64 and got_labels.tolist() == labels.tolist()
+  np.testing.assert_allclose(got_probs, np.where(labels == 1, 0.8, 0.2))
+
+  report.write_report(root, out, docs, meta=META)
+  figures = tmp_path / 'docs' / 'figures'
+  for name in ('rotten_tomatoes_paired.png', 'rotten_tomatoes_reliability.png'):
+    with open(figures / name, 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n', name
+  md = open(docs).read()
+  assert '![Rotten Tomatoes: paired differences](figures/rotten_tomatoes_paired.png)' in md
+  assert '![Rotten Tomatoes: reliability diagrams](figures/rotten_tomatoes_reliability.png)' in md
+  assert md.index('Paired Kernel-X − Vanilla-X') < md.index('rotten_tomatoes_paired.png')
+
+  runs = report.load_runs(root)[0]
+  panels = report.reliability_panels(runs, os.path.join(
+      out, 'tfidf', report.reference_predictions_file('rotten_tomatoes')))
+  assert list(panels) == ['favor']          # kernel-elu has no predictions
+  assert set(panels['favor']) == {'kernel', 'vanilla', 'ball', 'softmax', 'reference'}
+  y, p, n = panels['favor']['kernel']
+  assert n == 2 and len(y) == len(p) == 80  # two seeds pooled
+  assert report.figure_names('docs/results_paper_length.md', 'sst2') == {
+      'paired': 'results_paper_length_sst2_paired.png',
+      'reliability': 'results_paper_length_sst2_reliability.png'}
+
+  # Predictions on another test split are refused, not pooled.
+  _write_predictions(root, 'rotten_tomatoes', 'softmax', 1, labels[::-1].copy(), 0.3)
+  with pytest.raises(ValueError, match='hold different test labels'):
+    report.reliability_panels(report.load_runs(root)[0])
+
+
+def test_without_predictions_the_docs_say_so(grid, tmp_path):
+  docs = str(tmp_path / 'results.md')
+  report.write_report(grid, str(tmp_path / 'results'), docs, meta=META)
+  md = open(docs).read()
+  assert 'Reliability diagrams: no run here saved its per-example test predictions' in md
+  assert '(figures/rotten_tomatoes_paired.png)' in md
+  assert not os.path.exists(tmp_path / 'figures' / 'rotten_tomatoes_reliability.png')
