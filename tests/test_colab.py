@@ -1,7 +1,13 @@
-"""The Colab notebooks run top to bottom (on CPU) and are committed without outputs."""
+"""The Colab notebooks run top to bottom (on CPU) and are committed without outputs.
+
+Here coulomb_jax is importable, so each notebook's install cell does nothing; the
+install itself is for Colab (checked by reading the cell: one source variable, a
+plain pip install, no editable install, no restart).
+"""
 
 import glob
 import os
+import re
 
 import nbclient
 import nbformat
@@ -16,17 +22,42 @@ MIN_IMAGES = {
     'particles.ipynb': 4,          # data, particles, curves, decision boundaries
     'kernel_attention.ipynb': 3,   # Phase A curves, particle norms, Phase B curves
 }
-# Notebooks that read GLUE SST-2 (from COULOMB_DATA_DIR, else ../shared/data).
+# Notebooks that read GLUE SST-2 (outside Colab from COULOMB_JAX_DATA, else ../shared/data).
 NEEDS_SST2 = {'kernel_attention.ipynb'}
+# The extras each notebook installs on Colab.
+EXTRAS = {'particles.ipynb': 'experiments', 'kernel_attention.ipynb': 'experiments,tfds'}
 
 
 def _sst2_present() -> bool:
-  data_dir = os.environ.get('COULOMB_DATA_DIR', os.path.join(_ROOT, '..', 'shared', 'data'))
+  data_dir = os.environ.get('COULOMB_JAX_DATA') or os.path.join(_ROOT, '..', 'shared', 'data')
   return os.path.isfile(os.path.join(data_dir, 'glue', 'SST-2', 'train.tsv'))
 
 
 def test_there_are_notebooks():
   assert NOTEBOOKS
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
+def test_install_cell_is_one_plain_pip_install_from_one_source(path):
+  nb = nbformat.read(path, as_version=4)
+  first = next(c for c in nb.cells if c.cell_type == 'code')
+  src = first.source
+  # One clearly named source, at the top, in the real form of a pip source.
+  [source] = re.findall(r"^COULOMB_JAX_SOURCE = '([^']+)'$", src, flags=re.M)
+  assert re.fullmatch(r'git\+https://github\.com/[\w.-]+/[\w.-]+\.git@[\w./-]+', source)
+  code = '\n'.join(l for l in src.splitlines() if not l.lstrip().startswith('#'))
+  assert code.count('COULOMB_JAX_SOURCE') == 2           # defined once, read once
+  assert f"EXTRAS = '{EXTRAS[os.path.basename(path)]}'" in src
+  # A plain install (no -e: nothing for the running kernel to pick up after a restart) ...
+  assert "'-m', 'pip', 'install', '-q'," in src and "f'coulomb_jax[{EXTRAS}] @ {source}'" in src
+  assert "'-e'" not in src and '--upgrade' not in src and '-U' not in src.split()
+  # ... only on Colab and only when the package is missing: a no-op here and in CI.
+  assert "if importlib.util.find_spec('coulomb_jax') is None:" in src
+  assert "if 'google.colab' not in sys.modules:" in src
+  # No other cell installs anything or asks for a restart.
+  for cell in nb.cells[1:]:
+    if cell is not first and cell.cell_type == 'code':
+      assert 'pip' not in cell.source and 'restart' not in cell.source.lower()
 
 
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
@@ -37,7 +68,7 @@ def test_notebook_runs_and_is_stripped(path):
     if cell.cell_type == 'code':
       assert not cell.outputs and cell.execution_count is None, 'commit notebooks stripped'
   if name in NEEDS_SST2 and not _sst2_present():
-    pytest.skip('GLUE SST-2 not found (set COULOMB_DATA_DIR or provide ../shared/data)')
+    pytest.skip('GLUE SST-2 not found (set COULOMB_JAX_DATA or provide ../shared/data)')
   client = nbclient.NotebookClient(nb, timeout=600, kernel_name='python3',
                                    resources={'metadata': {'path': _COLAB}})
   client.execute()
