@@ -128,12 +128,37 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.phase_a.batch_size = 64
   # Epochs at most (the paper: 10).
   config.phase_a.num_epochs = 10
-  # 'joint': every step moves all layers' particles and runs the encoder forward for
-  # their pooled keys (the paper's summed objective, as written). 'layerwise': the same
-  # objective one layer at a time, num_epochs per layer, on pooled keys computed once per
-  # layer with the layers below already learned: no forward pass per step (cheaper;
-  # see coulomb_jax.training and docs/performance.md).
+  # When Phase A runs (coulomb_jax.training.phase_schedule). 'joint' (the paper): before
+  # Phase B, every step moves all layers' particles and runs the encoder forward for
+  # their pooled keys. 'layerwise': before Phase B, the same objective one layer at a
+  # time, num_epochs per layer, on pooled keys computed once per layer with the layers
+  # below already learned (no forward pass per step; docs/performance.md). 'after_b':
+  # after_b_epochs of Phase B, then Phase A layer by layer on the trained encoder, then
+  # the remaining Phase B epochs. 'alternating': a layer-wise Phase A pass after every
+  # block of after_b_epochs Phase B epochs. Vanilla-X and Ball-X follow the same
+  # schedule (Ball-X projects where Phase A would run); in every schedule the kept
+  # epoch is the best validation epoch after the first Phase A stage.
   config.phase_a.schedule = 'joint'
+  # 'after_b' / 'alternating': Phase B epochs before Phase A (alternating: per block).
+  config.phase_a.after_b_epochs = 1
+  # Step size rule: 0 = step_size as given; r > 0 = each stage's η is set so that the
+  # median particle's drift η·N·‖clip(∇H)_k‖ is r·radius per step at the stage start
+  # (coulomb_jax.langevin_diagnostics.relative_step_size).
+  config.phase_a.relative_step = 0.0
+  # Repulsion rule: 0 = lam as given; r > 0 = each stage's λ makes the median repulsion
+  # force r times the median alignment force at the stage start (relative_lam).
+  config.phase_a.relative_lam = 0.0
+  # Temperature rule: 0 = beta as given; t > 0 = each stage's β = t / ΔU, ΔU the median
+  # over heads of the range of the one-particle potential over the ball, so that the
+  # Gibbs tilt β·ΔU is t (tilt_beta).
+  config.phase_a.gibbs_tilt = 0.0
+  # Training rows the rules and the potential range are measured on (fixed per seed).
+  config.phase_a.calibration_rows = 512
+  # Validation rows of the held-out alignment diagnostics (n×n kernels: keep ≤ ~2000).
+  config.phase_a.heldout_rows = 1000
+  # Also run each Phase A stage on shuffled training labels (the null of the held-out
+  # alignment; costs one more Phase A stage, not counted in phase_a_seconds).
+  config.phase_a.null_run = True
   # Stop when the largest particle move of a step is below this (the paper: 1e-6). The move
   # includes the Langevin noise, about sqrt(2η/β)·sqrt(D_h) ≈ 0.07 at the paper's settings,
   # so at β = 50 this never fires and Phase A runs num_epochs.
@@ -160,6 +185,12 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.run.log_every = 50
   # Save a checkpoint every this many steps (and at every epoch end); 0 = epoch ends only.
   config.run.checkpoint_every = 200
+  # '' or the folder of a run with the same config up to Phase A's fields (variant,
+  # phase_a.*, model.init_radius): start from its state at the end of the Phase B
+  # epochs before the first Phase A stage ('after_b' / 'alternating'), which is the same
+  # bit for bit, instead of training them again. Trains them itself if that run has
+  # not reached that point yet.
+  config.run.prefix_from = ''
 
   kind, _, fmap = name.partition('-')
   if kind in ('vanilla', 'kernel', 'ball'):

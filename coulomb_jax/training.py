@@ -41,8 +41,10 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
+from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
+from coulomb_jax import langevin_diagnostics
 
 PARTICLES = 'particles'
 PHASE_A_INPUTS = 'phase_a_inputs'
@@ -157,30 +159,38 @@ def phase_a_objective(params, inputs, labels, weights, *, feature_map, lam: floa
 
 
 def make_phase_a_step(model: nn.Module, optimizer: optax.GradientTransformation, *,
-                      feature_map, lam: float, s, softening: float) -> Callable:
+                      feature_map, lam: float, s, softening: float,
+                      langevin_settings: Optional[Dict[str, float]] = None) -> Callable:
   """``step(state, batch) -> (state, metrics)``: one Langevin move of every particle.
 
   metrics: ``hamiltonian``, ``alignment``, ``repulsion`` (before the move) and
-  ``max_move`` = max_k ‖Δω_k‖ over all heads and layers (early stopping).
+  ``max_move`` = max_k ‖Δω_k‖ over all heads and layers (early stopping). With
+  ``langevin_settings`` (the optimiser's ``step_size``, ``beta``, ``clip_norm``)
+  also the per-particle ``drift_to_noise`` and ``repulsion_to_alignment`` ``[P]``
+  of this step (``langevin_diagnostics``).
   """
+  objective = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
 
   def step(state: TrainState, batch):
     inputs = phase_a_inputs(model, state.params, batch)
     (h, aux), grads = jax.value_and_grad(phase_a_objective, has_aux=True)(
-        state.params, inputs, batch['labels'], batch['weights'], feature_map=feature_map,
-        lam=lam, s=s, softening=softening)
+        state.params, inputs, batch['labels'], batch['weights'], **objective)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     moves = [jnp.max(jnp.linalg.norm(u, axis=-1))
              for k, u in traverse_util.flatten_dict(updates).items() if k[-1] == PARTICLES]
     metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)))
+    if langevin_settings is not None:
+      metrics.update(_force_metrics(state.params, inputs, batch['labels'], batch['weights'],
+                                    objective, langevin_settings, None))
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return step
 
 
 def make_phase_a_layer_step(path: Sequence[str], optimizer: optax.GradientTransformation, *,
-                            feature_map, lam: float, s, softening: float) -> Callable:
+                            feature_map, lam: float, s, softening: float,
+                            langevin_settings: Optional[Dict[str, float]] = None) -> Callable:
   """``step(state, r, labels, weights) -> (state, metrics)`` on cached inputs.
 
   One Langevin move of the particles of the attention module at ``path`` on
@@ -189,18 +199,165 @@ def make_phase_a_layer_step(path: Sequence[str], optimizer: optax.GradientTransf
   forward pass. Metrics as ``make_phase_a_step``, for this layer only.
   """
   path = tuple(path)
+  objective = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
 
   def step(state: TrainState, r, labels, weights):
+    inputs = {path: jax.lax.stop_gradient(r)}
     (h, aux), grads = jax.value_and_grad(phase_a_objective, has_aux=True)(
-        state.params, {path: jax.lax.stop_gradient(r)}, labels, weights,
-        feature_map=feature_map, lam=lam, s=s, softening=softening)
+        state.params, inputs, labels, weights, **objective)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     move = traverse_util.flatten_dict(updates)[path + (PARTICLES,)]
     metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.linalg.norm(move, axis=-1)))
+    if langevin_settings is not None:
+      metrics.update(_force_metrics(state.params, inputs, labels, weights, objective,
+                                    langevin_settings, path))
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return step
+
+
+def particle_leaves(tree, only: Optional[Sequence[str]] = None) -> Dict[Tuple[str, ...], Any]:
+  """``{path of the attention module: its particles leaf}`` (``only``: that module alone)."""
+  only = None if only is None else tuple(only)
+  return {k[:-1]: v for k, v in traverse_util.flatten_dict(tree).items()
+          if k[-1] == PARTICLES and (only is None or k[:-1] == only)}
+
+
+def phase_a_forces(params, inputs, labels, weights, *, feature_map, lam: float, s,
+                   softening: float, only: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+  """The particles' gradients ``{'hamiltonian': ∇H, 'alignment': ∇A, 'repulsion': ∇W}``.
+
+  Each a ``{path: [H, M, D_h]}`` dict over the modules that move (``only``: one),
+  with A and W the summed terms of ``phase_a_objective`` (so ∇H = −∇A + λ∇W).
+  What ``langevin_diagnostics`` reads the force balance and the step scale from.
+  """
+  kw = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
+  term = lambda name: lambda p: phase_a_objective(p, inputs, labels, weights, **kw)[1][name]
+  total = lambda p: phase_a_objective(p, inputs, labels, weights, **kw)[0]
+  return {name: particle_leaves(jax.grad(f)(params), only)
+          for name, f in (('hamiltonian', total), ('alignment', term('alignment')),
+                          ('repulsion', term('repulsion')))}
+
+
+def _force_metrics(params, inputs, labels, weights, objective, langevin_settings, only):
+  """Per-particle ``drift_to_noise`` and ``repulsion_to_alignment`` ``[P]`` of one step."""
+  forces = phase_a_forces(params, inputs, labels, weights, only=only, **objective)
+  ls = langevin_settings
+  return {'drift_to_noise': langevin_diagnostics.drift_to_noise(
+              forces['hamiltonian'], step_size=ls['step_size'], beta=ls['beta'],
+              clip_norm=ls.get('clip_norm')),
+          'repulsion_to_alignment': langevin_diagnostics.force_ratio(
+              forces['repulsion'], forces['alignment'], objective['lam'])}
+
+
+def phase_a_potential_range(key: jax.Array, params, inputs, labels, *, feature_map,
+                            radius: float, num_probes: int,
+                            only: Optional[Sequence[str]] = None) -> Dict[Tuple[str, ...], Any]:
+  """``{path: [H]}``: range over the ball of each head's one-particle data potential.
+
+  U(ω) = −A({ω}) on the pooled keys ``inputs[path]: [n, H, D_h]`` with labels ``[n]``
+  (``hamiltonian.particle_potentials`` at λ = 0), at the head's particles projected
+  onto the ball and ``num_probes`` points uniform in it
+  (``langevin_diagnostics.ball_probes``). β times it is the Gibbs tilt.
+  """
+  y = 2.0 * jnp.asarray(labels, jnp.float32) - 1.0
+  out = {}
+  for i, (path, omega) in enumerate(sorted(particle_leaves(params, only).items())):
+    probes = langevin_diagnostics.ball_probes(jax.random.fold_in(key, i), omega, radius,
+                                              num_probes)
+    u = jax.vmap(lambda w, x: hamiltonian.particle_potentials(
+        w, x, y, feature_map=feature_map, lam=0.0), in_axes=(0, 1))(
+            probes, jnp.asarray(inputs[path], jnp.float32))
+    out[path] = langevin_diagnostics.potential_range(u)
+  return out
+
+
+def heldout_alignment(params, inputs, labels, *, feature_map,
+                      only: Optional[Sequence[str]] = None) -> Dict[Tuple[str, ...], Any]:
+  """``{path: {'alignment': [H], 'centered_alignment': [H]}}`` on held-out pooled keys.
+
+  Per head: the objective A and the centered alignment ρ(ΦΦᵀ, yyᵀ) of the head's
+  features of ``inputs[path]: [n, H, D_h]`` (``langevin_diagnostics.heldout_alignment``),
+  y = 2·labels − 1. Builds n×n kernels: a held-out set of a few thousand rows.
+  """
+  fm = features.get_feature_map(feature_map)
+  y = 2.0 * jnp.asarray(labels, jnp.float32) - 1.0
+  return {path: jax.vmap(lambda w, x: langevin_diagnostics.heldout_alignment(fm(x, w), y),
+                         in_axes=(0, 1))(omega, jnp.asarray(inputs[path], jnp.float32))
+          for path, omega in particle_leaves(params, only).items()}
+
+
+class Stage(NamedTuple):
+  """One phase of a training schedule (``phase_schedule``).
+
+  ``phase``: ``'a'`` (the particles move, everything else frozen) or ``'b'``
+  (particles frozen). For ``'a'``: ``layer`` is the index of the attention module
+  whose particles move (None: all of them at once, the joint objective), ``cycle``
+  the how-manieth Phase A pass this is (noise key and data order), ``num_epochs``
+  its epochs over the training rows. For ``'b'``: epochs ``first_epoch`` to
+  ``first_epoch + num_epochs − 1`` of one Phase B run (one optimiser and one
+  learning-rate schedule over all its stages).
+  """
+  phase: str
+  num_epochs: int
+  first_epoch: int = 0
+  layer: Optional[int] = None
+  cycle: int = 0
+
+
+SCHEDULES = ('joint', 'layerwise', 'after_b', 'alternating')
+
+
+def phase_schedule(schedule: str, *, num_layers: int, a_epochs: int, b_epochs: int,
+                   after_b_epochs: int = 0) -> list:
+  """The stages of a schedule, in order (a list of ``Stage``).
+
+  * ``joint`` (the paper): Phase A on all layers at once, then Phase B.
+  * ``layerwise``: Phase A one layer after the other (bottom up), then Phase B.
+  * ``after_b``: ``after_b_epochs`` epochs of Phase B, Phase A layer by layer on
+    the trained encoder, then the remaining Phase B epochs with the new particles.
+  * ``alternating``: blocks of ``after_b_epochs`` Phase B epochs with a layer-wise
+    Phase A pass between consecutive blocks.
+
+  Phase A always sees the representations of the encoder as it is at that point.
+  """
+  if schedule not in SCHEDULES:
+    raise ValueError(f'schedule: expected one of {SCHEDULES}, got {schedule!r}.')
+  layer_pass = lambda cycle: [Stage('a', a_epochs, layer=l, cycle=cycle)
+                              for l in range(num_layers)]
+  if schedule == 'joint':
+    return [Stage('a', a_epochs), Stage('b', b_epochs)]
+  if schedule == 'layerwise':
+    return layer_pass(0) + [Stage('b', b_epochs)]
+  if not 1 <= after_b_epochs < b_epochs:
+    raise ValueError(f'after_b_epochs: expected an integer in [1, {b_epochs - 1}] (Phase B '
+                     f'epochs on both sides of Phase A), got {after_b_epochs!r}.')
+  if schedule == 'after_b':
+    return ([Stage('b', after_b_epochs)] + layer_pass(0)
+            + [Stage('b', b_epochs - after_b_epochs, first_epoch=after_b_epochs)])
+  stages, epoch, cycle = [], 0, 0
+  while epoch < b_epochs:
+    if epoch:
+      stages += layer_pass(cycle)
+      cycle += 1
+    size = min(after_b_epochs, b_epochs - epoch)
+    stages.append(Stage('b', size, first_epoch=epoch))
+    epoch += size
+  return stages
+
+
+def first_selectable_epoch(stages) -> int:
+  """The first Phase B epoch that ends after the schedule's first Phase A stage.
+
+  Model selection keeps the best validation epoch from here on, so that a kept
+  model has the particles Phase A gave it (0 when Phase A comes first or never).
+  """
+  for i, stage in enumerate(stages):
+    if stage.phase == 'a':
+      later = [s.first_epoch for s in stages[i:] if s.phase == 'b']
+      return later[0] if later else 0
+  return 0
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:

@@ -70,6 +70,19 @@ def overrides_for(overrides, dataset):
   return out
 
 
+def prefix_override(share, workdir, dataset, variant, seed):
+  """``--config.run.prefix_from=<its vanilla run>`` for a kernel-/ball- run when ``share``.
+
+  With the ``after_b`` / ``alternating`` schedules, Kernel-X, Ball-X and Vanilla-X of
+  one map and seed train the same Phase B epochs before Phase A, bit for bit: the
+  Vanilla-X run's saved prefix spares the other two those epochs.
+  """
+  kind, _, fmap = variant.partition('-')
+  if not share or kind not in ('kernel', 'ball'):
+    return []
+  return [f'--config.run.prefix_from={run_dir(workdir, dataset, f"vanilla-{fmap}", seed)}']
+
+
 def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
   """Runs ``[(run_dir, command)]`` in order, ``jobs`` at a time; returns the failed dirs.
 
@@ -134,7 +147,8 @@ def main(argv):
       raise ValueError(f'--{name}: must be ≥ {low}, got {getattr(fl, name)}.')
   runs = [(out, [sys.executable, '-m', 'experiments.train',
                  f'--config={DATASETS[dataset]}:{variant}', f'--workdir={out}',
-                 f'--config.seed={seed}'] + overrides_for(overrides, dataset))
+                 f'--config.seed={seed}'] + overrides_for(overrides, dataset)
+            + prefix_override(fl.share_prefix, fl.workdir, dataset, variant, seed))
           for dataset, variant, seed, out in plan(fl.dataset, variants, seeds, fl.workdir)]
   failed = run_all(runs, fl.jobs, fl.no_new_runs_after_s, fl.kill_after_s)
   if failed:
@@ -147,6 +161,9 @@ if __name__ == '__main__':
   flags.DEFINE_list('seeds', ['0'], 'Seeds.')
   flags.DEFINE_string('workdir', 'workdir/grid', 'Root folder of the runs.')
   flags.DEFINE_integer('jobs', 1, 'Runs at the same time.')
+  flags.DEFINE_bool('share_prefix', False, 'Kernel-X and Ball-X runs start from the Phase B '
+                    'prefix of their Vanilla-X run (after_b / alternating schedules; put '
+                    'vanilla-<map> before them in --variants).')
   flags.DEFINE_integer('no_new_runs_after_s', 0, 'Start no run after this many seconds '
                        '(0: no limit).')
   flags.DEFINE_integer('kill_after_s', 0, 'End the runs still going after this many '

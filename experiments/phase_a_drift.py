@@ -46,6 +46,7 @@ from coulomb_jax import langevin
 from coulomb_jax import training
 from experiments import grid
 from experiments import provenance
+from experiments import stages
 from experiments import train
 
 _DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(grid.DATASETS)}.')
@@ -118,7 +119,7 @@ def drift_stats(config, encoded, vocab_size, num_batches, params=None):
 
   n_train = len(encoded['train'].labels)
   steps_per_epoch = data.num_batches(n_train, a.batch_size, drop_remainder=True)
-  it = train._train_batches(encoded['train'], a.batch_size, config.seed, 0, steps_per_epoch, d)
+  it = stages.train_batches(encoded['train'], a.batch_size, config.seed, 0, steps_per_epoch, d)
   values, alignments = [], []
   for _, batch in zip(range(num_batches), it):
     dk, align = drifts(params, batch)

@@ -25,10 +25,9 @@ and every epoch end) make a killed run resume where it stopped, with the same
 result as an uninterrupted one; resuming with a different config is refused.
 """
 
-import itertools
 import json
 import os
-import time
+import shutil
 from typing import Optional
 
 import jax
@@ -40,13 +39,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from coulomb_jax import data
 from coulomb_jax import features
-from coulomb_jax import metrics as metrics_lib
+from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import models
 from coulomb_jax import training
 from experiments import provenance
+from experiments import stages
 
 RESULTS = 'results.json'
-PHASE_A_SCHEDULES = ('joint', 'layerwise')
+PHASE_A_SCHEDULES = training.SCHEDULES
 
 
 # ----------------------------------------------------------------------------- config
@@ -122,6 +122,19 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
     fail('phase_a.num_epochs', a.num_epochs, 'an integer ≥ 1 when phase_a.enabled')
   if a.schedule not in PHASE_A_SCHEDULES:
     fail('phase_a.schedule', a.schedule, f'one of {PHASE_A_SCHEDULES}')
+  if a.schedule in ('after_b', 'alternating'):
+    positive_int('phase_a.after_b_epochs', a.after_b_epochs)
+    if a.after_b_epochs >= b.num_epochs:
+      fail('phase_a.after_b_epochs', a.after_b_epochs, f'fewer than phase_b.num_epochs='
+           f'{b.num_epochs} (Phase B epochs must follow Phase A)')
+  for field in ('relative_step', 'relative_lam', 'gibbs_tilt'):
+    positive(f'phase_a.{field}', a[field], allow_zero=True)
+  positive_int('phase_a.calibration_rows', a.calibration_rows, 2)
+  positive_int('phase_a.heldout_rows', a.heldout_rows, 2)
+  if not isinstance(a.null_run, bool):
+    fail('phase_a.null_run', a.null_run, 'True or False')
+  if not isinstance(r.prefix_from, str):
+    fail('run.prefix_from', r.prefix_from, "'' or a run folder")
   for field in ('learning_rate', 'clip_norm'):
     positive(f'phase_b.{field}', b[field])
   positive('phase_b.weight_decay', b.weight_decay, allow_zero=True)
@@ -195,60 +208,6 @@ def load_data(config, workdir):
   return encoded, tok.get_vocab_size()
 
 
-def _train_batches(encoded, batch_size, seed, step, steps_per_epoch, d):
-  """The shuffled batches of step's epoch, from step's position on (resume mid-epoch)."""
-  epoch, offset = divmod(step, steps_per_epoch)
-  it = data.batches(encoded, batch_size, seed=seed, epoch=epoch, pad_multiple=d.pad_multiple,
-                    bucket_size=d.bucket_size, drop_remainder=True)
-  for _ in range(offset):
-    next(it)
-  return it
-
-
-def _phase_a_batches(encoded, table, config, start, steps_per_epoch):
-  """Phase A's batches from step ``start`` on.
-
-  ``table`` None (joint schedule): token batches, as ``_train_batches``. Otherwise
-  (layer-wise) the same rows' cached pooled keys ``{'r': table[rows], 'labels',
-  'weights'}``: ``data.batch_indices`` gives the rows of those batches without tokens.
-  """
-  a, d = config.phase_a, config.data
-  lengths = np.array([len(x) for x in encoded.ids])
-  labels = np.asarray(encoded.labels, np.int32)
-  step = start
-  while True:
-    epoch, offset = divmod(step, steps_per_epoch)
-    if table is None:
-      it = _train_batches(encoded, a.batch_size, config.seed, step, steps_per_epoch, d)
-      yield from itertools.islice(it, steps_per_epoch - offset)
-    else:
-      epoch_rows = data.batch_indices(lengths, a.batch_size, seed=config.seed, epoch=epoch,
-                                      bucket_size=d.bucket_size, drop_remainder=True)
-      for rows in epoch_rows[offset:steps_per_epoch]:
-        yield {'r': table[rows], 'labels': labels[rows],
-               'weights': np.ones(len(rows), np.float32)}
-    step = (epoch + 1) * steps_per_epoch
-
-
-def _pooled_keys(model, params, encoded, path, sharder, config) -> np.ndarray:
-  """``[n, H, D_h]``: every training row's pooled keys r entering the attention at ``path``.
-
-  One forward pass (no dropout) over ``encoded`` in length-bucketed batches of
-  ``run.eval_batch_size``; the layers above ``path`` are not computed.
-  """
-  d = config.data
-  inputs = jax.jit(lambda p, b: training.phase_a_inputs(model, p, b)[tuple(path)])
-  table = None
-  for batch in data.batches(encoded, config.run.eval_batch_size, seed=0,
-                            pad_multiple=d.pad_multiple, bucket_size=d.bucket_size):
-    r = sharder.to_host(inputs(params, sharder.batch(batch)))
-    if table is None:
-      table = np.zeros((len(encoded.labels),) + r.shape[1:], np.float32)
-    rows = batch['index'] >= 0
-    table[batch['index'][rows]] = r[rows]
-  return table
-
-
 class Sharder:
   """Puts host batches on a 1-D ``data`` mesh (rows split, the rest replicated).
 
@@ -279,33 +238,38 @@ class Sharder:
 # ----------------------------------------------------------------------------- model
 
 def make_model(config, vocab_size) -> models.EncoderClassifier:
+  """The encoder of ``config.model``; Ball-X's projection happens in the schedule
+  (``stages.project_particles``), not at initialisation."""
   m = config.model
   return models.EncoderClassifier(
       vocab_size=vocab_size, max_length=config.data.max_length, width=m.width,
       num_layers=m.num_layers, num_heads=m.num_heads, ffn_dim=m.ffn_dim,
       dropout_rate=m.dropout_rate, attention=m.attention, feature_map=m.feature_map,
       num_features=m.num_features, qk_mode=m.qk_mode, orthogonal=m.orthogonal,
-      linformer_length=m.linformer_length, chunk_size=m.chunk_size or None,
-      init_radius=m.init_radius or None)
+      linformer_length=m.linformer_length, chunk_size=m.chunk_size or None)
 
 
-def evaluate(predict, params, encoded, batch_size, sharder, config):
-  """Metrics of ``coulomb_jax.metrics.classification_metrics`` on one split."""
-  probs = []
-  for batch in data.batches(encoded, batch_size, pad_multiple=config.data.pad_multiple):
-    p = sharder.to_host(predict(params, sharder.batch(batch)))
-    probs.append(p[batch['weights'] > 0])
-  probs = np.clip(np.concatenate(probs).astype(np.float64), 0.0, 1.0)
-  return metrics_lib.classification_metrics(encoded.labels, probs)
+def run_kind(config, params) -> str:
+  """What Phase A stages do: 'kernel' (Langevin), 'ball' (project), 'vanilla' (nothing);
+  'other' for models without particles."""
+  if not training.has_particles(params):
+    return 'other'
+  if config.phase_a.enabled:
+    return 'kernel'
+  return 'ball' if config.model.init_radius > 0 else 'vanilla'
 
 
-def _better(new, best_accuracy, best_log_loss):
-  """Higher accuracy, ties broken by lower log loss; compared as the stored float32."""
-  acc, loss = np.float32(new['accuracy']), np.float32(new['log_loss'])
-  return bool(acc > best_accuracy or (acc == best_accuracy and loss < best_log_loss))
+def schedule(config, num_layers: int) -> list:
+  """The run's ``training.Stage`` list (``config.phase_a.schedule``)."""
+  a, b = config.phase_a, config.phase_b
+  return training.phase_schedule(a.schedule, num_layers=num_layers, a_epochs=a.num_epochs,
+                                 b_epochs=b.num_epochs, after_b_epochs=a.after_b_epochs)
 
 
 # ----------------------------------------------------------------------------- checkpoints
+
+PREFIX = 'prefix'
+
 
 def _checkpoint_manager(workdir):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
@@ -316,7 +280,7 @@ def _checkpoint_manager(workdir):
 
 def _save(manager, ckpt):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  step = int(ckpt['step_a']) + int(ckpt['step_b']) + int(ckpt['phase'])
+  step = int(ckpt['step_a']) + int(ckpt['step_b']) + int(ckpt['stage'])
   manager.save(step, args=ocp.args.StandardSave(ckpt), force=True)
   manager.wait_until_finished()
 
@@ -327,7 +291,63 @@ def _restore(manager, target):
   if step is None:
     return target
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-  return manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  try:
+    return manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  except (ValueError, KeyError) as e:
+    raise ValueError(f'workdir: the checkpoint {manager.directory}/{step} does not match this '
+                     f'code\'s state (written by an older experiments.train?): {e}') from None
+
+
+def _save_prefix(workdir, ckpt):
+  """The state at the end of the Phase B epochs before the first Phase A stage, kept
+  in ``<workdir>/prefix`` for runs that share them (``run.prefix_from``)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(os.path.join(workdir, PREFIX))
+  if not os.path.exists(path):
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(path, ckpt)
+    checkpointer.wait_until_finished()
+
+
+# Fields that only act from the first Phase A stage on: runs that differ in nothing
+# else share their Phase B prefix bit for bit.
+_PREFIX_FREE = ('variant', 'model.init_radius', 'run.prefix_from', 'run.log_every',
+                'run.checkpoint_every')
+
+
+def _prefix_fields(fingerprint):
+  flat = {f'{section}.{k}': v for section, fields in fingerprint.items()
+          if isinstance(fields, dict) for k, v in fields.items()}
+  flat.update({k: v for k, v in fingerprint.items() if not isinstance(v, dict)})
+  return {k: v for k, v in flat.items() if k not in _PREFIX_FREE and (
+      not k.startswith('phase_a.') or k in ('phase_a.schedule', 'phase_a.after_b_epochs'))}
+
+
+def _restore_prefix(config, workdir, target):
+  """``target`` restored from ``<run.prefix_from>/prefix``, or None if that run has not
+  saved it yet. Refuses a source whose config differs in a field the prefix depends on."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  source = config.run.prefix_from
+  with open(os.path.join(source, 'config.json')) as f:
+    theirs = _prefix_fields(_with_added_fields(json.load(f)))
+  ours = _prefix_fields(_fingerprint(config))
+  diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+  if diff:
+    raise ValueError(f'config.run.prefix_from: {source!r} trained with other values of '
+                     f'{diff}; its Phase B prefix is not this run\'s.')
+  path = os.path.abspath(os.path.join(source, PREFIX))
+  if not os.path.exists(path):
+    return None
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+  restored = ocp.StandardCheckpointer().restore(path, abstract)
+  with open(os.path.join(source, 'history.jsonl')) as f:
+    lines = [line for line in f if line.strip()]
+  t = int(restored['step_a']) + int(restored['step_b'])
+  if jax.process_index() == 0:
+    provenance.write_atomic(os.path.join(workdir, 'history.jsonl'), ''.join(
+        line for line in lines if json.loads(line)['t'] <= t))
+  logging.info('Phase B prefix (%d steps) taken from %s.', int(restored['step_b']), path)
+  return restored
 
 
 # Config fields added after runs were started, with the value that reproduces what
@@ -345,25 +365,6 @@ def _with_added_fields(saved):
   return saved
 
 
-class _Throughput:
-  """Steps/s and examples/s since the previous progress line (evaluation included)."""
-
-  def __init__(self, step):
-    self.step, self.time = step, time.time()
-
-  def rate(self, step, batch_size):
-    now = time.time()
-    per_s = (step - self.step) / max(now - self.time, 1e-9)
-    self.step, self.time = step, now
-    return f'{per_s:.1f} steps/s, {per_s * batch_size:.0f} examples/s'
-
-
-def _log_scalars(writer, prefix, values, step):
-  if writer is not None:
-    for k, v in values.items():
-      writer.add_scalar(f'{prefix}/{k}', float(v), step)
-
-
 def _open_writer(workdir):
   try:
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
@@ -371,6 +372,27 @@ def _open_writer(workdir):
     logging.warning('tensorboardX is not installed: no TensorBoard scalars.')
     return None
   return SummaryWriter(os.path.join(workdir, 'tensorboard'))
+
+
+def _truncate_history(workdir, t):
+  """Drops history records written after the restored checkpoint (step ``t``): those
+  epochs and evaluations run again. A last line torn by a kill is dropped too."""
+  path = os.path.join(workdir, 'history.jsonl')
+  if jax.process_index() or not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  kept = []
+  for i, line in enumerate(lines):
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      if i == len(lines) - 1:
+        continue
+      raise
+    if record['t'] <= t:
+      kept.append(line if line.endswith('\n') else line + '\n')
+  provenance.write_atomic(path, ''.join(kept))
 
 
 # ----------------------------------------------------------------------------- main loop
@@ -404,6 +426,32 @@ def _record_session(workdir, meta):
   return sessions
 
 
+def _initial_state(params, opt_b, num_bins):
+  """The checkpointed state of a run that has not started (see ``stages.Run``)."""
+  f32, i32 = stages.f32, stages.i32
+  counts = np.zeros(num_bins, np.int32)
+  return {'stage': i32(0), 'stage_step': i32(0), 'params': params, 'stage_start': params,
+          'opt_a': training.phase_a_optimizer(jax.random.PRNGKey(0), step_size=1.0, beta=1.0,
+                                              radius=1.0, clip_norm=None).init(params),
+          'opt_b': opt_b.init(params), 'step_a': i32(0), 'step_b': i32(0),
+          'best_params': params, 'best_accuracy': f32(-1.0), 'best_log_loss': f32(np.inf),
+          'best_epoch': i32(-1), 'seconds_a': f32(0.0), 'seconds_b': f32(0.0),
+          'stopped_early_a': i32(0), 'hist_drift': counts, 'hist_force': counts}
+
+
+def _check_workdir(config, workdir):
+  """Creates ``workdir`` or checks that it holds a run of this very config."""
+  os.makedirs(workdir, exist_ok=True)
+  config_path = os.path.join(workdir, 'config.json')
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      if _with_added_fields(json.load(f)) != _fingerprint(config):
+        raise ValueError(f'workdir: {workdir!r} holds a run with a different config '
+                         f'({config_path}); use a new workdir.')
+  else:
+    provenance.write_json_atomic(config_path, _fingerprint(config), indent=1)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        stop_after_steps: Optional[int] = None,
                        meta: Optional[dict] = None) -> Optional[dict]:
@@ -414,29 +462,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   use it to check that resuming changes nothing).
   """
   check_config(config, jax.device_count())
-  os.makedirs(workdir, exist_ok=True)
-  config_path = os.path.join(workdir, 'config.json')
-  if os.path.exists(config_path):
-    with open(config_path) as f:
-      if _with_added_fields(json.load(f)) != _fingerprint(config):
-        raise ValueError(f'workdir: {workdir!r} holds a run with a different config '
-                         f'({config_path}); use a new workdir.')
-  else:
-    provenance.write_json_atomic(config_path, _fingerprint(config), indent=1)
+  if config.run.prefix_from and not os.path.isfile(
+      os.path.join(config.run.prefix_from, 'config.json')):
+    raise ValueError(f'config.run.prefix_from: {config.run.prefix_from!r} is not a run folder '
+                     '(no config.json).')
+  _check_workdir(config, workdir)
   meta = meta or provenance.run_metadata('experiments.train')
   sessions = _record_session(workdir, meta)
-
+  if config.run.prefix_from and not os.path.exists(os.path.join(workdir, 'tokenizer.json')):
+    source = os.path.join(config.run.prefix_from, 'tokenizer.json')   # The prefix's own.
+    if os.path.exists(source) and jax.process_index() == 0:
+      shutil.copyfile(source, os.path.join(workdir, 'tokenizer.json'))
   encoded, vocab_size = load_data(config, workdir)
   sharder = Sharder()
   model = make_model(config, vocab_size)
   a, b, d = config.phase_a, config.phase_b, config.data
-  key = jax.random.PRNGKey(config.seed)
-  init_key, langevin_key, dropout_key = jax.random.split(key, 3)
+  init_key, langevin_key, dropout_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)
   example = next(data.batches(encoded['train'], 2, pad_multiple=d.pad_multiple))
   params = model.init(init_key, example['ids'], example['segments'], example['mask'])['params']
   if a.enabled and not training.has_particles(params):
     raise ValueError(f'phase_a.enabled: the model {config.variant!r} has no particles.')
-
   n_train = len(encoded['train'].labels)
   spe_a = data.num_batches(n_train, a.batch_size, drop_remainder=True)
   spe_b = data.num_batches(n_train, b.batch_size, drop_remainder=True)
@@ -444,191 +489,78 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                               ('phase_a.batch_size', a.batch_size, spe_a if a.enabled else 1)):
     if not steps:
       raise ValueError(f'config.{field}: {value} exceeds the {n_train} training rows.')
-  if a.enabled and not a.num_epochs:
-    raise ValueError('config.phase_a.num_epochs: 0 with phase_a.enabled=True would train a '
-                     'Vanilla model under a Kernel name; set phase_a.enabled=False.')
-  layerwise = a.enabled and a.schedule == 'layerwise'
   paths = training.attention_paths(params)
-  stage_a = spe_a * a.num_epochs  # Steps of one Phase A stage (layer-wise: one per layer).
-  total_a = stage_a * (len(paths) if layerwise else 1) if a.enabled else 0
-  total_b = spe_b * b.num_epochs
-  langevin = dict(step_size=a.step_size, beta=a.beta, radius=a.radius, clip_norm=a.clip_norm)
-  opt_a = training.phase_a_optimizer(langevin_key, **langevin)
-  # Layer-wise: one optimiser per layer, moving only that layer's particles, each
-  # with its own noise key; their states have the joint optimiser's structure.
-  opt_layers = [training.phase_a_optimizer(jax.random.fold_in(langevin_key, i), only=p,
-                                           **langevin) for i, p in enumerate(paths)]
+  stage_list = schedule(config, max(len(paths), 1))
   opt_b = training.phase_b_optimizer(
-      learning_rate=b.learning_rate, warmup_steps=int(b.warmup_fraction * total_b),
-      total_steps=total_b, weight_decay=b.weight_decay, clip_norm=b.clip_norm)
-  riesz_s = a.riesz_s if a.riesz_s == 'coulomb' else float(a.riesz_s)
-  objective = dict(feature_map=config.model.feature_map, lam=a.lam, s=riesz_s,
-                     softening=a.softening)
-  step_a = jax.jit(training.make_phase_a_step(model, opt_a, **objective))
-  step_b = jax.jit(training.make_phase_b_step(model, opt_b))
-  predict = jax.jit(training.make_predict(model))
+      learning_rate=b.learning_rate, warmup_steps=int(b.warmup_fraction * spe_b * b.num_epochs),
+      total_steps=spe_b * b.num_epochs, weight_decay=b.weight_decay, clip_norm=b.clip_norm)
 
-  f32 = lambda v: jnp.asarray(v, jnp.float32)
-  i32 = lambda v: jnp.asarray(v, jnp.int32)
-  ckpt = {'phase': i32(0 if a.enabled else 1), 'params': params,
-          'opt_a': (opt_layers[0] if layerwise else opt_a).init(params),
-          'opt_b': opt_b.init(params), 'step_a': i32(0), 'step_b': i32(0),
-          'layer_a': i32(0), 'layer_step_a': i32(0), 'best_params': params,
-          'best_accuracy': f32(-1.0), 'best_log_loss': f32(np.inf), 'best_epoch': i32(-1),
-          'seconds_a': f32(0.0), 'seconds_b': f32(0.0), 'stopped_early_a': i32(0)}
   manager = _checkpoint_manager(workdir)
-  ckpt = sharder.replicate(_restore(manager, ckpt))
-  if int(ckpt['phase']) > 0 or int(ckpt['step_a']) or int(ckpt['step_b']):
-    logging.info('Resumed from %s: phase %d, steps %d / %d.', manager.directory,
-                 int(ckpt['phase']), int(ckpt['step_a']), int(ckpt['step_b']))
+  target = _initial_state(params, opt_b, len(ld.LogHistogram().counts))
+  ckpt = _restore(manager, target)
+  if ckpt is target and config.run.prefix_from:
+    ckpt = _restore_prefix(config, workdir, target) or target
+  ckpt = sharder.replicate(ckpt)
+  _truncate_history(workdir, int(ckpt['step_a']) + int(ckpt['step_b']))
+  if int(ckpt['stage']) or int(ckpt['stage_step']) or int(ckpt['step_b']):
+    logging.info('Resumed from %s: stage %d/%d, step %d of it.', manager.directory,
+                 int(ckpt['stage']) + 1, len(stage_list), int(ckpt['stage_step']))
   chief = jax.process_index() == 0
-  writer = _open_writer(workdir) if chief else None
-  history_path = os.path.join(workdir, 'history.jsonl')
-  if chief and os.path.exists(history_path):
-    # Epochs evaluated after the restored checkpoint are evaluated again: drop them.
-    with open(history_path) as f:
-      lines = [line for line in f if line.strip()]
-    kept = []
-    for i, line in enumerate(lines):
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        if i == len(lines) - 1:           # A last line torn by the kill: evaluated again.
-          continue
-        raise
-      if record['step'] <= int(ckpt['step_b']):
-        kept.append(line if line.endswith('\n') else line + '\n')
-    provenance.write_atomic(history_path, ''.join(kept))
-  steps_this_call = 0
+  run = stages.Run(
+      config=config, workdir=workdir, kind=run_kind(config, params), model=model,
+      encoded=encoded, sharder=sharder, paths=paths, stages=stage_list, ckpt=ckpt,
+      save=lambda: _save(manager, run.ckpt), langevin_key=langevin_key,
+      dropout_key=dropout_key, step_b=jax.jit(training.make_phase_b_step(model, opt_b)),
+      predict=jax.jit(training.make_predict(model)),
+      inputs_fn=jax.jit(lambda p, batch, paths: {
+          k: training.phase_a_inputs(model, p, batch)[k] for k in paths},
+                        static_argnames='paths'),
+      spe_a=spe_a, spe_b=spe_b, total_b=spe_b * b.num_epochs,
+      select_from=training.first_selectable_epoch(stage_list),
+      writer=_open_writer(workdir) if chief else None, chief=chief,
+      stop_after_steps=stop_after_steps,
+      save_prefix=lambda: _save_prefix(workdir, run.ckpt))
+  for index in range(int(ckpt['stage']), len(stage_list)):
+    if not stages.run_stage(run, index) or (run.out_of_time() and index + 1 < len(stage_list)):
+      return None
+  return _finish(run, meta, sessions)
 
-  def out_of_time():
-    return stop_after_steps is not None and steps_this_call >= stop_after_steps
 
-  def save():
-    _save(manager, ckpt)
-
-  # ---- Phase A: only the particles move. Joint: one stage over all layers, each step
-  # runs the encoder forward. Layer-wise: one stage per layer, bottom up, each on the
-  # pooled keys entering its layer, computed once with the layers below already learned.
-  if int(ckpt['phase']) == 0 and total_a:
-    for layer in range(int(ckpt['layer_a']), len(paths)) if layerwise else [None]:
-      tick = time.time()
-      if layer is None:
-        step, n_steps, tag, what = step_a, total_a, 'phase_a', 'phase A'
-        start, before = int(ckpt['step_a']), 0
-        table = None
-      else:
-        layer_step = training.make_phase_a_layer_step(paths[layer], opt_layers[layer],
-                                                      **objective)
-        step = jax.jit(lambda state, batch, f=layer_step: f(state, **batch))
-        n_steps, tag = stage_a, f'phase_a/layer_{layer}'
-        what = f'phase A layer {layer + 1}/{len(paths)}'
-        start = int(ckpt['layer_step_a'])
-        before = int(ckpt['step_a']) - start  # Phase A steps of the layers below.
-        table = _pooled_keys(model, ckpt['params'], encoded['train'], paths[layer], sharder,
-                             config)
-      last = layer is None or layer + 1 == len(paths)
-      state = training.TrainState(i32(start), ckpt['params'], ckpt['opt_a'])
-      meter = _Throughput(start)
-      batches = _phase_a_batches(encoded['train'], table, config, start, spe_a)
-      for t in range(start, n_steps):
-        state, m = step(state, sharder.batch(next(batches)))
-        steps_this_call += 1
-        done = float(m['max_move']) < a.tolerance or t + 1 == n_steps
-        if (t + 1) % config.run.log_every == 0 or done:
-          m = jax.device_get(m)
-          logging.info('%s step %d/%d (epoch %d): H %.5f A %.5f W %.5f max move %.2e; %s',
-                       what, t + 1, n_steps, t // spe_a, m['hamiltonian'], m['alignment'],
-                       m['repulsion'], m['max_move'], meter.rate(t + 1, a.batch_size))
-          _log_scalars(writer, tag, m, before + t + 1)
-        periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
-        if done or (t + 1) % spe_a == 0 or periodic or out_of_time():
-          jax.block_until_ready(state)
-          ckpt.update(params=state.params, opt_a=state.opt_state, step_a=i32(before + t + 1),
-                      seconds_a=ckpt['seconds_a'] + f32(time.time() - tick))
-          if layer is not None:
-            ckpt.update(layer_step_a=state.step)
-          if done:
-            ckpt.update(stopped_early_a=ckpt['stopped_early_a'] | i32(t + 1 < n_steps))
-            if layer is not None:
-              ckpt.update(layer_a=i32(layer + 1), layer_step_a=i32(0))
-            if last:
-              ckpt.update(phase=i32(1))
-            else:  # The next layer's optimiser starts fresh (its own noise key).
-              ckpt.update(opt_a=opt_layers[layer + 1].init(params))
-          save()
-          tick = time.time()
-        if done:
-          break
-        if out_of_time():
-          return None
-  if int(ckpt['phase']) == 0 and not total_a:
-    ckpt.update(phase=i32(1))
-  if out_of_time():
-    return None
-
-  # ---- Phase B: particles frozen, everything else trained.
-  if int(ckpt['phase']) == 1:
-    state = training.TrainState(ckpt['step_b'], ckpt['params'], ckpt['opt_b'])
-    start, tick = int(state.step), time.time()
-    meter = _Throughput(start)
-    for t in range(start, total_b):
-      epoch = t // spe_b
-      if t == start or t % spe_b == 0:
-        it = _train_batches(encoded['train'], b.batch_size, config.seed + 1, t, spe_b, d)
-      state, m = step_b(dropout_key, state, sharder.batch(next(it)))
-      steps_this_call += 1
-      if (t + 1) % config.run.log_every == 0:
-        m = jax.device_get(m)
-        logging.info('phase B step %d/%d (epoch %d): loss %.4f acc %.3f; %s',
-                     t + 1, total_b, epoch, m['loss'], m['accuracy'],
-                     meter.rate(t + 1, b.batch_size))
-        _log_scalars(writer, 'phase_b', m, t + 1)
-      end_of_epoch = (t + 1) % spe_b == 0
-      periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
-      if end_of_epoch or periodic or out_of_time():
-        jax.block_until_ready(state)
-        ckpt.update(params=state.params, opt_b=state.opt_state, step_b=state.step,
-                    seconds_b=ckpt['seconds_b'] + f32(time.time() - tick))
-        if end_of_epoch:
-          val = evaluate(predict, state.params, encoded['validation'],
-                         config.run.eval_batch_size, sharder, config)
-          logging.info('epoch %d validation: %s', epoch, json.dumps(val))
-          _log_scalars(writer, 'validation', val, t + 1)
-          if chief:
-            with open(history_path, 'a') as f:
-              f.write(json.dumps({'epoch': epoch, 'step': t + 1, 'validation': val}) + '\n')
-          if _better(val, np.float32(ckpt['best_accuracy']), np.float32(ckpt['best_log_loss'])):
-            ckpt.update(best_params=state.params, best_accuracy=f32(val['accuracy']),
-                        best_log_loss=f32(val['log_loss']), best_epoch=i32(epoch))
-          if t + 1 == total_b:
-            ckpt.update(phase=i32(2))
-        save()
-        tick = time.time()
-      if out_of_time() and t + 1 < total_b:
-        return None
-
-  # ---- Evaluation of the kept (best-validation) parameters.
-  best = ckpt['best_params']
-  results = dict(meta, dataset=d.task, variant=config.variant, seed=config.seed,
+def _finish(run, meta, sessions) -> dict:
+  """Evaluates the kept parameters; writes ``results.json`` and the test predictions."""
+  ck, config = run.ckpt, run.config
+  best = ck['best_params']
+  results = dict(meta, dataset=config.data.task, variant=config.variant, seed=config.seed,
                  config=config.to_dict(),
                  split={'validation': 'validation', 'test': 'test'},
-                 best_epoch=int(ckpt['best_epoch']),
-                 phase_a_steps=int(ckpt['step_a']),
-                 phase_a_stopped_early=bool(int(ckpt['stopped_early_a'])),
-                 phase_a_seconds=float(ckpt['seconds_a']),
-                 phase_b_seconds=float(ckpt['seconds_b']),
-                 train_seconds=float(ckpt['seconds_a'] + ckpt['seconds_b']),
+                 schedule=[s._asdict() for s in run.stages],
+                 selected_from_epoch=run.select_from,
+                 best_epoch=int(ck['best_epoch']),
+                 phase_a_steps=int(ck['step_a']),
+                 phase_a_stopped_early=bool(int(ck['stopped_early_a'])),
+                 phase_a_seconds=float(ck['seconds_a']),
+                 phase_b_seconds=float(ck['seconds_b']),
+                 train_seconds=float(ck['seconds_a'] + ck['seconds_b']),
                  num_devices=jax.device_count(),
                  sessions=sessions,
                  num_params=int(sum(x.size for x in jax.tree.leaves(best))))
+  phase_a = stages.phase_a_report(run.workdir) if run.kind == 'kernel' else None
+  if phase_a is not None:
+    results['phase_a'] = phase_a
   for split in ('validation', 'test'):
-    results[split] = evaluate(predict, best, encoded[split], config.run.eval_batch_size,
-                              sharder, config)
-  if writer is not None:
-    writer.close()
-  if jax.process_index() == 0:
-    provenance.write_json_atomic(os.path.join(workdir, RESULTS), results, indent=1)
+    results[split], probs = stages.evaluate(run.predict, best, run.encoded[split],
+                                            config.run.eval_batch_size, run.sharder, config,
+                                            with_probs=True)
+    if run.chief:
+      path = os.path.join(run.workdir, f'predictions_{split}.npz')
+      with open(path + '.tmp', 'wb') as f:
+        np.savez(f, labels=np.asarray(run.encoded[split].labels, np.int32),
+                 probs=probs.astype(np.float32))
+      os.replace(path + '.tmp', path)
+  if run.writer is not None:
+    run.writer.close()
+  if run.chief:
+    provenance.write_json_atomic(os.path.join(run.workdir, RESULTS), results, indent=1)
   logging.info('test: %s', json.dumps(results['test']))
   return results
 

@@ -52,7 +52,7 @@ def test_trained_params_round_trip_and_drift_on_given_params(tmp_path):
   run = str(tmp_path / 'run')
   int32 = lambda v: np.asarray(v, np.int32)
   train._save(train._checkpoint_manager(run),  # pylint: disable=protected-access
-              {'phase': int32(2), 'step_a': int32(0), 'step_b': int32(3),
+              {'stage': int32(2), 'step_a': int32(0), 'step_b': int32(3),
                'best_params': params})
   with pytest.raises(ValueError, match=r'--trained_runs: .* \(not a finished run\)'):
     phase_a_drift.trained_params(run)

@@ -158,6 +158,7 @@ def test_layer_step_moves_only_its_layers_particles_on_cached_inputs():
 def test_pooled_keys_table_holds_each_rows_phase_a_inputs():
   from configs import text
   from coulomb_jax import data
+  from experiments import stages
   from experiments import train
   rng = np.random.default_rng(0)
   ids = [rng.integers(1, VOCAB, size=n).astype(np.int32) for n in rng.integers(2, 16, size=11)]
@@ -168,7 +169,10 @@ def test_pooled_keys_table_holds_each_rows_phase_a_inputs():
   model, batch = _model(feature_map='favor'), _batch()
   params = _init(model, batch)
   path = training.attention_paths(params)[1]
-  table = train._pooled_keys(model, params, encoded, path, train.Sharder(), config)
+  inputs_fn = jax.jit(lambda p, b, paths: {k: training.phase_a_inputs(model, p, b)[k]
+                                            for k in paths}, static_argnames='paths')
+  table = stages.pooled_keys(inputs_fn, params, encoded, [path], train.Sharder(),
+                             config)[path]
   assert table.shape == (11, 2, 8)
   # The same rows in another batch, in file order, padded to 16.
   rows = next(data.batches(encoded, 11, pad_multiple=16))
