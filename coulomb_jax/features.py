@@ -20,6 +20,18 @@ The formulas chosen here are in each docstring; write ``s = x ωᵀ`` (``[..., N
 All maps except ``softmaxfeat`` are *separable*: feature k depends on ω_k only,
 so the alignment splits into a sum of one-particle potentials (see
 ``is_separable``).
+
+For attention the seven positive maps are also available in log space:
+``log_psi`` / ``attention_log_psi`` give log ψ without underflow (softplus-type
+features are ≈ e^z for very negative z, which float32 flushes to 0 below
+z ≈ −104, and ``porf_softplus``'s z = s − ‖x‖²/2 is ≈ −800 for inputs of norm 40),
+and ``attention_pair`` stabilises queries and keys together in that space
+(one shift per key feature over the real keys, one per query row). Every shift
+is a common factor of a query's row of φ(q)ᵀφ(k), so linear attention with
+these features is the exact ratio of the kernel at any input scale.
+
+Eager calls check that ``x`` and ``omega`` are finite (``_checks.check_finite``);
+under ``jit`` nothing is checked.
 """
 
 import math
@@ -27,17 +39,24 @@ from typing import Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from coulomb_jax import _checks
 
 FeatureMap = Callable[[jax.Array, jax.Array], jax.Array]
 
 
-def _projection(x: jax.Array, omega: jax.Array):
-  """Checks shapes and returns ``s = x ωᵀ: [..., N]`` in the compute dtype."""
+def _projection(x: jax.Array, omega: jax.Array, check_finite: bool = True):
+  """Checks shapes (and, eagerly, values) and returns ``(x, s = x ωᵀ: [..., N])``.
+
+  Both in the compute dtype: at least float32 (bf16 and integer inputs are promoted).
+  """
   _checks.check_min_rank('x', x, 1)
   _checks.check_particles('omega', omega)
   _checks.check_same_last_dim('x', x, 'omega', omega)
+  if check_finite:
+    _checks.check_finite('x', x)
+    _checks.check_finite('omega', omega)
   dtype = jnp.promote_types(jnp.result_type(x, omega), jnp.float32)
   x, omega = jnp.asarray(x, dtype), jnp.asarray(omega, dtype)
   return x, jnp.einsum('...d,nd->...n', x, omega)
@@ -51,6 +70,15 @@ def _favor_logits(x: jax.Array, omega: jax.Array) -> jax.Array:
   """z = x Ωᵀ − ‖x‖²/2, ``[..., N]``: the FAVOR+ exponent."""
   x, s = _projection(x, omega)
   return s - _half_sq_norm(x)
+
+
+def _check_stabilize(stabilize) -> None:
+  ok = isinstance(stabilize, (bool, int, np.integer)) or (
+      isinstance(stabilize, (tuple, list)) and stabilize
+      and all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in stabilize))
+  if not ok:
+    raise ValueError(f'stabilize must be True, False, an axis or a tuple of axes, got '
+                     f'{stabilize!r}.')
 
 
 def _max_shift(z, axis, where=None):
@@ -98,6 +126,7 @@ def favor(x: jax.Array, omega: jax.Array,
       trailing axes: for keys ``[B, L, H, d]`` and a ``[B, L]`` mask pass
       ``key_mask[..., None]``.
   """
+  _check_stabilize(stabilize)
   z = _favor_logits(x, omega)
   if stabilize is not False:
     axes = -1 if stabilize is True else stabilize
@@ -110,8 +139,9 @@ def favor_pair(q: jax.Array, k: jax.Array, omega: jax.Array,
                key_mask: Optional[jax.Array] = None):
   r"""FAVOR+ features of queries and keys for attention, stabilised together.
 
-  With z(x)_f = ω_fᵀx − ‖x‖²/2, ``q: [..., L_q, d]``, ``k: [..., L_k, d]`` (the
-  same leading axes) and ``key_mask: [..., L_k]``:
+  ``attention_pair(q, k, omega, 'favor', key_mask)``. With
+  z(x)_f = ω_fᵀx − ‖x‖²/2, ``q: [..., L_q, d]``, ``k: [..., L_k, d]`` (the same
+  leading axes) and ``key_mask: [..., L_k]``:
 
   * keys: φ(k_j)_f = e^{z(k_j)_f − m_f} / √N, with m_f = max over real keys of
     z(k_j)_f, one shift per feature (and leading index);
@@ -130,11 +160,127 @@ def favor_pair(q: jax.Array, k: jax.Array, omega: jax.Array,
   ratio does not depend on them, so gradients are exact.
 
   For causal attention m_f may come from a later key, so the bound holds only
-  for the rows after it; the ratio is still exact up to rounding.
+  for the rows after it (see ``attention_pair``).
 
   Returns:
     ``(q_feat [..., L_q, N], k_feat [..., L_k, N])``, at least float32.
   """
+  return attention_pair(q, k, omega, 'favor', key_mask)
+
+
+_LOG_SOFTPLUS_CUT = -40.0
+"""Below it log(softplus(z)) = z + log(1 − e^z/2 + …) is z to float64 precision."""
+
+
+def _softplus(z):
+  """log(1 + eᶻ) from primitives (also inside Pallas kernels)."""
+  return jnp.maximum(z, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(z)))
+
+
+def _log_softplus(z):
+  """log(softplus(z)) for every z: z itself below −40, where softplus(z) ≈ eᶻ underflows."""
+  safe = jnp.maximum(z, _LOG_SOFTPLUS_CUT)
+  return jnp.where(z < _LOG_SOFTPLUS_CUT, z, jnp.log(_softplus(safe)))
+
+
+def log_psi(name: str, s: jax.Array, half_sq_norm: jax.Array) -> jax.Array:
+  r"""log ψ_k(x) of a separable attention map, elementwise, without underflow.
+
+  ``s = x Ωᵀ: [..., N]``, ``half_sq_norm = ‖x‖²/2: [..., 1]``; ``name`` one of the
+  six separable attention maps (``softmaxfeat``: ``attention_log_psi``):
+
+  * favor: s − ‖x‖²/2;
+  * elu: log1p(s) for s > 0, else s (ψ = eˢ there);
+  * softplus: log softplus(s) (= s below −40, where softplus(s) ≈ eˢ);
+  * sigmoid2: 2·log σ(s) = −2·softplus(−s);
+  * cos2: log cos²(s), floored at the dtype's smallest normal number (cos² has
+    zeros; the floor keeps the logarithm and its gradient finite and changes
+    nothing a float can resolve);
+  * porf_softplus: log softplus(s − ‖x‖²/2).
+
+  Primitives only (``where``, ``maximum``, ``exp``, ``log``, ``log1p``, ``cos``), so
+  the Pallas kernels call it too.
+  """
+  if name == 'favor':
+    return s - half_sq_norm
+  if name == 'elu':
+    return jnp.where(s > 0, jnp.log1p(jnp.maximum(s, 0.0)), s)
+  if name == 'softplus':
+    return _log_softplus(s)
+  if name == 'sigmoid2':
+    return -2.0 * _softplus(-s)
+  if name == 'cos2':
+    c = jnp.cos(s)
+    return jnp.log(jnp.maximum(c * c, jnp.finfo(s.dtype).tiny))
+  if name == 'porf_softplus':
+    return _log_softplus(s - half_sq_norm)
+  raise ValueError(f'feature_map: no elementwise log ψ for {name!r}; the separable '
+                   f'attention maps are {tuple(m for m in ATTENTION_FEATURE_MAPS if m != "softmaxfeat")}.')
+
+
+def attention_log_psi(name: str, s: jax.Array, half_sq_norm: jax.Array) -> jax.Array:
+  r"""log ψ(x) ``[..., F]`` of any of the seven attention maps, from s and ‖x‖²/2.
+
+  ``log_psi`` for the separable maps; for ``softmaxfeat`` (F = 2N)
+  log ψ = log 2N + log_softmax([s, −s]). So φ(x) = exp(log ψ) / √N exactly
+  (where it does not underflow).
+  """
+  if name == 'softmaxfeat':
+    both = jnp.concatenate([s, -s], axis=-1)
+    return math.log(both.shape[-1]) + jax.nn.log_softmax(both, axis=-1)
+  return log_psi(name, s, half_sq_norm)
+
+
+def log_features(x: jax.Array, omega: jax.Array, feature_map: str) -> jax.Array:
+  r"""log φ(x) ``[..., F]`` of an attention map: log ψ − ½·log N, never −inf by underflow.
+
+  ``exp(log_features(x, omega, name))`` equals ``get_feature_map(name)(x, omega)``
+  wherever that does not underflow; for inputs of norm 40 it stays exact where the
+  features themselves are 0 in float32 (and in float64).
+  """
+  _check_attention_map(feature_map)
+  x, s = _projection(x, omega)
+  return (attention_log_psi(feature_map, s, _half_sq_norm(x))
+          - 0.5 * math.log(omega.shape[0]))
+
+
+def _check_attention_map(name) -> None:
+  if name not in ATTENTION_FEATURE_MAPS:
+    raise ValueError(f'feature_map must be one of the attention maps '
+                     f'{ATTENTION_FEATURE_MAPS}, got {name!r}.')
+
+
+def attention_pair(q: jax.Array, k: jax.Array, omega: jax.Array, feature_map: str = 'favor',
+                   key_mask: Optional[jax.Array] = None):
+  r"""Features of queries and keys for linear attention, stabilised together in log space.
+
+  For any of the seven attention maps, with ℓ(x) = log ψ(x) ``[..., F]``
+  (``attention_log_psi``), ``q: [..., L_q, d]``, ``k: [..., L_k, d]`` (the same
+  leading axes) and ``key_mask: [..., L_k]`` (True for real keys):
+
+  * keys: φ(k_j)_f = e^{ℓ(k_j)_f − m_f} / √N, m_f = max over real keys of ℓ(k_j)_f;
+  * queries: φ(q_i)_f = e^{ℓ(q_i)_f + m_f − M_i} / √N, M_i = max_f (ℓ(q_i)_f + m_f).
+
+  So φ(q_i)ᵀφ(k_j) = e^{−M_i}·ψ(q_i)ᵀψ(k_j)/N: one factor per query row, which
+  cancels between the numerator and the denominator of linear attention; the
+  ratio is the kernel's exact one however far the features under- or overflow
+  without the shifts. Every entry is ≤ 1/√N and the denominator
+  φ(q_i)ᵀΣ_j φ(k_j) ≥ 1/N (the feature attaining M_i meets the key attaining its
+  m_f with both factors 1), so a guard ε ≪ 1/N on it never acts. Padded keys
+  enter no shift and get φ = 0. Shifts are ``stop_gradient``-ed (the ratio does
+  not depend on them): gradients are exact. ``favor`` gives ``favor_pair``.
+
+  Causal attention: m_f may come from a later key, so the bound holds only for
+  the rows after it, and at large input scales (norm ≳ 8) a query whose prefix
+  holds only keys far below the later maxima can underflow to the guard: the
+  bidirectional paths are exact at any scale, the causal ones only where no row
+  underflows (``pallas_attention.pallas_causal_linear_attention``'s running maxima
+  per chunk narrow that, but keys later in a query's own chunk still count).
+
+  Returns:
+    ``(q_feat [..., L_q, F], k_feat [..., L_k, F])``, at least float32.
+  """
+  _check_attention_map(feature_map)
   _checks.check_min_rank('q', q, 2)
   _checks.check_min_rank('k', k, 2)
   if q.shape[:-2] != k.shape[:-2]:
@@ -143,16 +289,20 @@ def favor_pair(q: jax.Array, k: jax.Array, omega: jax.Array,
   if key_mask is not None and jnp.shape(key_mask) != k.shape[:-1]:
     raise ValueError(f'key_mask must have shape {k.shape[:-1]} (k without its last axis), '
                      f'got {jnp.shape(key_mask)}.')
-  zq, zk = _favor_logits(q, omega), _favor_logits(k, omega)       # [..., L, N]
+  # Values are not checked: padded keys may hold anything (they enter no shift).
+  q, sq = _projection(q, omega, check_finite=False)
+  k, sk = _projection(k, omega, check_finite=False)
+  lq = attention_log_psi(feature_map, sq, _half_sq_norm(q))       # [..., L_q, F]
+  lk = attention_log_psi(feature_map, sk, _half_sq_norm(k))       # [..., L_k, F]
   where = None if key_mask is None else jnp.asarray(key_mask)[..., None]
-  m = _max_shift(zk, -2, where)                                   # [..., 1, N]
-  zq = zq + m
-  zq = zq - _max_shift(zq, -1)
-  zk = zk - m
+  m = _max_shift(lk, -2, where)                                   # [..., 1, F]
+  lq = lq + m
+  lq = lq - _max_shift(lq, -1)
+  lk = lk - m
   if where is not None:                   # padded keys: φ = 0, whatever their logits
-    zk = jnp.where(where, zk, -jnp.inf)
+    lk = jnp.where(where, lk, -jnp.inf)
   scale = math.sqrt(omega.shape[0])
-  return jnp.exp(zq) / scale, jnp.exp(zk) / scale
+  return jnp.exp(lq) / scale, jnp.exp(lk) / scale
 
 
 def elu(x: jax.Array, omega: jax.Array) -> jax.Array:

@@ -12,9 +12,14 @@ them with ``optax.set_to_zero``). Two modes for queries and keys:
 
 Values and the output always have their projections. Inputs are scaled by
 D_h^{−1/4} before the feature map (so ⟨φ(q), φ(k)⟩ estimates exp(qᵀk/√D_h) for
-``favor``), and ``favor`` is stabilised with ``features.favor_pair``: one shift
-per key feature (over real keys) and one per query row, which cancel in the
-attention ratio and keep its denominator ≥ 1/M.
+``favor``), and every map is stabilised in log space with
+``features.attention_pair`` (``favor``: ``features.favor_pair``): one shift per key
+feature (over real keys) and one per query row, which cancel in the attention
+ratio and keep its denominator ≥ 1/M, so the output is the kernel's exact ratio at
+any input scale.
+
+Masks are ``[B, L]`` bool, True on real tokens; a mask of another shape is refused
+with a ValueError naming both shapes.
 """
 
 import functools
@@ -24,12 +29,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from coulomb_jax import _checks
 from coulomb_jax import attention
 from coulomb_jax import features
 from coulomb_jax import langevin
 
 QK_MODES = ('shared', 'projected')
 ATTENTION_KINDS = ('kernel', 'softmax', 'linformer')
+
+
+def check_mask(mask: Optional[jax.Array], shape, name: str = 'mask') -> None:
+  """``mask`` is None or has ``shape`` = (B, L) of the input (a clear error, not a broadcast)."""
+  if mask is not None and tuple(jnp.shape(mask)) != tuple(shape):
+    raise ValueError(f'{name} must have shape [B, L] = {tuple(shape)} (one entry per '
+                     f'token), got {tuple(jnp.shape(mask))}.')
 
 
 def masked_mean(x: jax.Array, mask: Optional[jax.Array], axis: int = 1) -> jax.Array:
@@ -94,8 +107,11 @@ class KernelAttention(nn.Module):
     if self.feature_map == 'rff':
       raise ValueError("feature_map: 'rff' is not non-negative; use an attention map "
                        f'{features.ATTENTION_FEATURE_MAPS}.')
-    fm = features.get_feature_map(self.feature_map)
+    if self.feature_map not in features.ATTENTION_FEATURE_MAPS:
+      raise ValueError(f'feature_map must be one of {features.ATTENTION_FEATURE_MAPS}, got '
+                       f'{self.feature_map!r}.')
     b, length, width = x.shape
+    check_mask(mask, (b, length))
     if width % self.num_heads:
       raise ValueError(f'input width {width} is not divisible by num_heads={self.num_heads}.')
     head_dim = width // self.num_heads
@@ -119,14 +135,11 @@ class KernelAttention(nn.Module):
           q * scale, k * scale, v, particles, feature_map=self.feature_map, key_mask=mask,
           chunk_size=self.chunk_size)
       return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
-    if self.feature_map == 'favor':
-      # Stabilised together (shifts per key feature and per query row, over real keys).
-      pair = lambda qh, kh, w: features.favor_pair(qh, kh, w, mask)
-      q_feat, k_feat = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q * scale, k * scale,
-                                                                     particles)
-    else:
-      per_head = lambda a: jax.vmap(fm, in_axes=(2, 0), out_axes=2)(a * scale, particles)
-      q_feat, k_feat = per_head(q), per_head(k)
+    # Stabilised together in log space (shifts per key feature over real keys, and per
+    # query row): exact at any input scale.
+    pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, self.feature_map, mask)
+    q_feat, k_feat = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q * scale, k * scale,
+                                                                   particles)
     out_fn = attention.causal_linear_attention if self.causal else attention.linear_attention
     out = out_fn(q_feat, k_feat, v, mask)
     return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
@@ -146,6 +159,7 @@ class LinformerAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
     b, length, width = x.shape
+    check_mask(mask, (b, length))
     if width % self.num_heads:
       raise ValueError(f'input width {width} is not divisible by num_heads={self.num_heads}.')
     if length > self.max_length:
@@ -173,6 +187,7 @@ class SoftmaxAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    check_mask(mask, x.shape[:2])
     attn_mask = None if mask is None else nn.make_attention_mask(mask, mask)
     return nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name='mha')(
         x, x, mask=attn_mask, deterministic=True)
@@ -236,6 +251,11 @@ class EncoderClassifier(nn.Module):
 
   @nn.compact
   def __call__(self, ids, segments, mask, *, deterministic: bool = True):
+    _checks.check_rank('ids', ids, 2)
+    if jnp.shape(segments) != jnp.shape(ids):
+      raise ValueError(f'segments must have the shape of ids {jnp.shape(ids)}, got '
+                       f'{jnp.shape(segments)}.')
+    check_mask(mask, ids.shape)
     length = ids.shape[1]
     if length > self.max_length:
       raise ValueError(f'ids: length {length} exceeds max_length={self.max_length}.')

@@ -16,15 +16,17 @@ the output and the small ``[F, D]`` states cross HBM:
    .. math:: S_{s,f} = \sum_{j ∈ s} φ_f(k_j) v_jᵀ  \;[F_b, D],\qquad
              z_{s,f} = \sum_{j ∈ s} φ_f(k_j) \;[F_b].
 
-   For ``favor`` the exponent of feature f is shifted by an online max
-   m_{s,f} (rescaling row f of S and z when a block raises it, as in flash
+   Every map works in log space (ℓ = log ψ, ``features.log_psi``): the
+   exponent of feature f is shifted by an online max m_{s,f} over the split's
+   real keys (rescaling row f of S and z when a block raises it, as in flash
    attention); the partials are then combined in JAX with the factors
    e^{m_{s,f} − max_s m_{s,f}}, so the final shift of feature f is its max
-   over all real keys of (b, h): exactly ``features.favor_pair``'s.
+   over all real keys of (b, h): exactly ``features.attention_pair``'s.
 2. **queries** (grid ``[B, H, L/C_q]``): out = φ(q) S / max(φ(q)ᵀ z, eps),
-   walking the feature blocks with an online per-row max for ``favor`` (its
-   logits plus the keys' shifts m_f, as in ``features.favor_pair``; the row
-   shift cancels between numerator and denominator).
+   walking the feature blocks with an online per-row max of ℓ(q) + m_f (as in
+   ``features.attention_pair``; the row shift cancels between numerator and
+   denominator). So the result is the kernel's exact ratio at any input scale,
+   with a denominator ≥ 1/M that the guard ``eps`` never reaches.
 
 Splitting the keys over S programs gives the GPU B·H·S·F/F_b programs even for
 small B·H. HBM traffic: q, k, v read once, the output written once, plus the
@@ -33,7 +35,7 @@ partial states ``[B, H, S, F, D]`` (small next to q, k, v at long L).
 All seven attention maps (``PALLAS_FEATURE_MAPS``). ``softmaxfeat``'s per-row
 softmax couples every feature: its key kernel first walks all particle blocks
 for each key row's log-sum-exp (so the key-side projections are computed
-M/F_b + 1 times), and its query kernel carries an online sum alongside the max.
+M/F_b + 1 times); a query row's own log-sum-exp is a factor of its row and cancels.
 
 There is no backward kernel: under differentiation a ``jax.custom_vjp`` runs
 ``fused_linear_attention``'s XLA path forward and backward, so gradients (and
@@ -55,7 +57,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from coulomb_jax import _checks
-from coulomb_jax import attention
+from coulomb_jax import attention_core
+from coulomb_jax import features
 
 PALLAS_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'softmaxfeat',
                        'porf_softplus')
@@ -84,32 +87,14 @@ def _project(x, omega):
               precision=jax.lax.Precision.HIGH if fast else None)
 
 
-def _softplus(s):
-  return jnp.maximum(s, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(s)))
-
-
-def _psi(name, s, half_sq_norm, shift):
-  """ψ(s) of ``features.<name>`` in float32 (before the 1/√M); ``shift``: favor's m."""
-  if name == 'favor':
-    return jnp.exp(s - half_sq_norm - shift)
-  if name == 'elu':
-    return jnp.where(s > 0, s + 1.0, jnp.exp(jnp.minimum(s, 0.0)))
-  if name == 'softplus':
-    return _softplus(s)
-  if name == 'sigmoid2':
-    sig = 1.0 / (1.0 + jnp.exp(-s))
-    return sig * sig
-  if name == 'cos2':
-    c = jnp.cos(s)
-    return c * c
-  if name == 'porf_softplus':
-    return _softplus(s - half_sq_norm)
-  raise ValueError(f'feature_map: no elementwise ψ for {name!r}.')
-
-
 def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
                 block_k, num_blocks, scale):
-  """One (b, h, split, feature block): partial S [F_b, D], z [F_b] and favor's shifts m [F_b]."""
+  """One (b, h, split, feature block): partial S [F_b, D], z [F_b] and the shifts m [F_b].
+
+  Keys in log space: ℓ = ``features.log_psi``, φ = e^{ℓ − m_f}·scale with m_f the
+  running max of feature f over this split's real keys (row f of S and z rescaled
+  when it rises).
+  """
   omega = omega_ref[...]                                   # [F_b, d]
   f_b, d_v = omega.shape[0], v_ref.shape[-1]
 
@@ -122,39 +107,34 @@ def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
     s = _project(k, omega)                                 # [C_k, F_b]
     kf = k.astype(jnp.float32)
     half = 0.5 * jnp.sum(kf * kf, axis=1, keepdims=True)   # [C_k, 1]
-    if name == 'favor':
-      # One running max per feature (row f of acc and z rescaled when it rises).
-      logits = jnp.where(keep[:, None], s - half, _NEG)
-      m_new = jnp.maximum(m, jnp.max(logits, axis=0))     # [F_b]
-      decay = jnp.exp(m - m_new)
-      acc, z = acc * decay[:, None], z * decay
-      phi = jnp.exp(logits - m_new[None, :])
-    else:
-      m_new = m
-      phi = _psi(name, s, half, 0.0)
+    logits = jnp.where(keep[:, None], features.log_psi(name, s, half), _NEG)
+    m_new = jnp.maximum(m, jnp.max(logits, axis=0))       # [F_b]
+    decay = jnp.exp(m - m_new)
+    acc, z = acc * decay[:, None], z * decay
     # where, not a product: masked rows are 0 even while the running max is still −1e30.
-    phi = jnp.where(keep[:, None], phi * scale, 0.0).astype(v.dtype)
+    phi = jnp.where(keep[:, None], jnp.exp(logits - m_new[None, :]) * scale,
+                    0.0).astype(v.dtype)
     v = jnp.where(keep[:, None], v, 0).astype(v.dtype)   # never read padded values
     acc = acc + _dot(phi, v, trans_a=True)
     z = z + jnp.sum(phi.astype(jnp.float32), axis=0)     # the same (rounded) φ as in S
     return acc, z, m_new
 
   init = (jnp.zeros((f_b, d_v), jnp.float32), jnp.zeros((f_b,), jnp.float32),
-          jnp.full((f_b,), _NEG if name == 'favor' else 0.0, jnp.float32))
+          jnp.full((f_b,), _NEG, jnp.float32))
   acc, z, m = jax.lax.fori_loop(0, num_blocks, body, init)
   s_ref[...] = acc
   z_ref[...] = z
   m_ref[...] = m
 
 
-def _query_kernel(q_ref, omega_ref, s_ref, z_ref, *refs, name, block_f, num_blocks,
-                  scale, eps):
+def _query_kernel(q_ref, omega_ref, s_ref, z_ref, m_ref, o_ref, *, name, block_f,
+                  num_blocks, scale, eps):
   """One (b, h, query block): out = φ(q) S / max(φ(q)ᵀ z, eps), [C_q, D].
 
-  ``refs``: (m_ref, o_ref) for favor (m: the keys' per-feature shifts, added to
-  the query logits as in ``features.favor_pair``), else (o_ref,).
+  φ(q) = e^{ℓ(q) + m_f − M_i}·scale with the keys' shifts m_f (``m_ref``) and M_i an
+  online max over the feature blocks (``num`` and ``den`` rescaled when it rises),
+  as in ``features.attention_pair``.
   """
-  m_ref, o_ref = refs if name == 'favor' else (None,) + refs
   q = q_ref[...]                                           # [C_q, d]
   c_q, d_v = q.shape[0], s_ref.shape[-1]
   qf = q.astype(jnp.float32)
@@ -163,48 +143,42 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, *refs, name, block_f, num_bloc
   def body(i, carry):
     num, den, m = carry                                    # [C_q, D], [C_q], [C_q]
     feats = pl.ds(i * block_f, block_f)
-    omega = omega_ref[feats, :]                            # [F_b, d]
-    s_blk = s_ref[feats, :]                                # [F_b, D] float32
-    z_blk = z_ref[feats]                                   # [F_b]
-    s = _project(q, omega)                                 # [C_q, F_b]
-    if name == 'favor':
-      logits = s - half + m_ref[feats][None, :]
-      m_new = jnp.maximum(m, jnp.max(logits, axis=1))
-      rescale = jnp.exp(m - m_new)
-      num, den = num * rescale[:, None], den * rescale
-      phi = jnp.exp(logits - m_new[:, None])
-    else:
-      m_new = m
-      phi = _psi(name, s, half, 0.0)
+    s = _project(q, omega_ref[feats, :])                   # [C_q, F_b]
+    logits = features.log_psi(name, s, half) + m_ref[feats][None, :]
+    m_new = jnp.maximum(m, jnp.max(logits, axis=1))
+    rescale = jnp.exp(m - m_new)
+    num, den = num * rescale[:, None], den * rescale
     # φ(q) S in q's dtype (bf16 inputs: a bf16 product; the denominator uses the
     # same rounded φ, so only the state's rounding differs between the two).
-    phi = (phi * scale).astype(q.dtype)
-    num = num + _dot(phi, s_blk.astype(q.dtype))
-    den = den + jnp.sum(phi.astype(jnp.float32) * z_blk[None, :], axis=1)
+    phi = (jnp.exp(logits - m_new[:, None]) * scale).astype(q.dtype)
+    num = num + _dot(phi, s_ref[feats, :].astype(q.dtype))
+    den = den + jnp.sum(phi.astype(jnp.float32) * z_ref[feats][None, :], axis=1)
     return num, den, m_new
 
   init = (jnp.zeros((c_q, d_v), jnp.float32), jnp.zeros((c_q,), jnp.float32),
-          jnp.full((c_q,), _NEG if name == 'favor' else 0.0, jnp.float32))
+          jnp.full((c_q,), _NEG, jnp.float32))
   num, den, _ = jax.lax.fori_loop(0, num_blocks, body, init)
   o_ref[...] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
 
 
-def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref, *,
-                        block_k, block_f, num_blocks, num_feature_blocks, scale):
+def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref,
+                        mp_ref, mm_ref, *, block_k, block_f, num_blocks, num_feature_blocks,
+                        scale):
   """``softmaxfeat`` keys, one (b, h, split, particle block f).
 
-  φ(k) = 2√M·softmax([s, −s]) couples all 2M features through the row's
-  log-sum-exp, so each key block first walks every particle block for it
-  (online, as flash attention's softmax), then accumulates its own block's
-  features [φ⁺ | φ⁻] = 2√M·exp([s_f, −s_f] − lse) into S⁺, S⁻ and z⁺, z⁻. No
-  shift is left over: every feature is at most 2√M.
+  log ψ = [s, −s] − lse (+ log 2M, a constant that cancels) couples all 2M features
+  through the row's log-sum-exp, so each key block first walks every particle
+  block for it (online, as flash attention's softmax), then accumulates its own
+  block's features [φ⁺ | φ⁻] = e^{[s_f, −s_f] − lse − m^±_f}·scale into S⁺, S⁻
+  and z⁺, z⁻, with m^±_f running maxima per feature over the real keys, as for
+  the other maps.
   """
   f = pl.program_id(3)
   omega = omega_ref[pl.ds(f * block_f, block_f), :]        # [F_b, d]
   d_v = v_ref.shape[-1]
 
   def body(i, carry):
-    acc_p, acc_m, z_p, z_m = carry
+    acc_p, acc_m, z_p, z_m, m_p, m_m = carry
     rows = pl.ds(i * block_k, block_k)
     k = k_ref[rows, :]                                     # [C_k, d]
     v = v_ref[rows, :]                                     # [C_k, D]
@@ -223,54 +197,78 @@ def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_re
         (jnp.zeros((block_k,), jnp.float32), jnp.zeros((block_k,), jnp.float32)))
     lse = (m + jnp.log(total))[:, None]                     # [C_k, 1]; |s| ≥ 0 so m ≥ 0
     s = _project(k, omega)                                 # [C_k, F_b]
-    phi_p = jnp.where(keep[:, None], jnp.exp(s - lse), 0.0) * scale
-    phi_m = jnp.where(keep[:, None], jnp.exp(-s - lse), 0.0) * scale
+    l_p = jnp.where(keep[:, None], s - lse, _NEG)
+    l_m = jnp.where(keep[:, None], -s - lse, _NEG)
+    mp_new = jnp.maximum(m_p, jnp.max(l_p, axis=0))
+    mm_new = jnp.maximum(m_m, jnp.max(l_m, axis=0))
+    d_p, d_m = jnp.exp(m_p - mp_new), jnp.exp(m_m - mm_new)
+    phi_p = jnp.where(keep[:, None], jnp.exp(l_p - mp_new[None, :]) * scale, 0.0)
+    phi_m = jnp.where(keep[:, None], jnp.exp(l_m - mm_new[None, :]) * scale, 0.0)
     v = jnp.where(keep[:, None], v, 0).astype(v.dtype)
-    acc_p = acc_p + _dot(phi_p.astype(v.dtype), v, trans_a=True)
-    acc_m = acc_m + _dot(phi_m.astype(v.dtype), v, trans_a=True)
-    return acc_p, acc_m, z_p + jnp.sum(phi_p, axis=0), z_m + jnp.sum(phi_m, axis=0)
+    acc_p = acc_p * d_p[:, None] + _dot(phi_p.astype(v.dtype), v, trans_a=True)
+    acc_m = acc_m * d_m[:, None] + _dot(phi_m.astype(v.dtype), v, trans_a=True)
+    return (acc_p, acc_m, z_p * d_p + jnp.sum(phi_p, axis=0),
+            z_m * d_m + jnp.sum(phi_m, axis=0), mp_new, mm_new)
 
   zeros = lambda *shape: jnp.zeros(shape, jnp.float32)
-  acc_p, acc_m, z_p, z_m = jax.lax.fori_loop(
+  neg = jnp.full((block_f,), _NEG, jnp.float32)
+  acc_p, acc_m, z_p, z_m, m_p, m_m = jax.lax.fori_loop(
       0, num_blocks, body, (zeros(block_f, d_v), zeros(block_f, d_v), zeros(block_f),
-                            zeros(block_f)))
+                            zeros(block_f), neg, neg))
   sp_ref[...] = acc_p
   sm_ref[...] = acc_m
   zp_ref[...] = z_p
   zm_ref[...] = z_m
+  mp_ref[...] = m_p
+  mm_ref[...] = m_m
 
 
-def _query_kernel_softmax(q_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref, o_ref, *,
-                          block_f, num_blocks, scale, eps):
+def _query_kernel_softmax(q_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref, mp_ref, mm_ref,
+                          o_ref, *, block_f, num_blocks, scale, eps):
   """``softmaxfeat`` queries, one (b, h, query block).
 
-  Walks the particle blocks with an online row max m and sum Σ e^{±s − m}, so
-  that φ(q) = 2√M·e^{[s, −s] − m} / Σ is exact at the end (the eps guard sees
-  the true denominator, as in the XLA path).
+  The query row's own log-sum-exp is a factor of the whole row, so it cancels:
+  log-features [s, −s] + m^± (the keys' shifts), and an online row max over the
+  particle blocks, as ``_query_kernel``.
   """
   q = q_ref[...]                                           # [C_q, d]
   c_q, d_v = q.shape[0], sp_ref.shape[-1]
+  cast = lambda a: a.astype(q.dtype)
 
   def body(i, carry):
-    num, den, m, total = carry                             # [C_q, D], [C_q] × 3
+    num, den, m = carry                                    # [C_q, D], [C_q], [C_q]
     feats = pl.ds(i * block_f, block_f)
     s = _project(q, omega_ref[feats, :])                   # [C_q, F_b]
-    m_new = jnp.maximum(m, jnp.max(jnp.abs(s), axis=1))
+    l_p = s + mp_ref[feats][None, :]
+    l_m = -s + mm_ref[feats][None, :]
+    m_new = jnp.maximum(m, jnp.maximum(jnp.max(l_p, axis=1), jnp.max(l_m, axis=1)))
     rescale = jnp.exp(m - m_new)
-    e_p, e_m = jnp.exp(s - m_new[:, None]), jnp.exp(-s - m_new[:, None])
-    cast = lambda a: a.astype(q.dtype)
-    num = (num * rescale[:, None] + _dot(cast(e_p), cast(sp_ref[feats, :]))
-           + _dot(cast(e_m), cast(sm_ref[feats, :])))
-    den = (den * rescale + jnp.sum(e_p * zp_ref[feats][None, :], axis=1)
-           + jnp.sum(e_m * zm_ref[feats][None, :], axis=1))
-    total = total * rescale + jnp.sum(e_p + e_m, axis=1)
-    return num, den, m_new, total
+    e_p = cast(jnp.exp(l_p - m_new[:, None]) * scale)
+    e_m = cast(jnp.exp(l_m - m_new[:, None]) * scale)
+    num = (num * rescale[:, None] + _dot(e_p, cast(sp_ref[feats, :]))
+           + _dot(e_m, cast(sm_ref[feats, :])))
+    den = (den * rescale
+           + jnp.sum(e_p.astype(jnp.float32) * zp_ref[feats][None, :], axis=1)
+           + jnp.sum(e_m.astype(jnp.float32) * zm_ref[feats][None, :], axis=1))
+    return num, den, m_new
 
-  zeros = lambda *shape: jnp.zeros(shape, jnp.float32)
-  num, den, _, total = jax.lax.fori_loop(
-      0, num_blocks, body, (zeros(c_q, d_v), zeros(c_q), zeros(c_q), zeros(c_q)))
-  norm = (scale / total)[:, None]                          # 2√M / Σ
-  o_ref[...] = (num * norm / jnp.maximum(den[:, None] * norm, eps)).astype(o_ref.dtype)
+  init = (jnp.zeros((c_q, d_v), jnp.float32), jnp.zeros((c_q,), jnp.float32),
+          jnp.full((c_q,), _NEG, jnp.float32))
+  num, den, _ = jax.lax.fori_loop(0, num_blocks, body, init)
+  o_ref[...] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
+
+
+def _combine_splits(s_part, z_part, m_part):
+  """One state per (b, h) from the splits' partials ``[B, H, S, F(, D)]``.
+
+  Each split's feature f is shifted by its own max m_{s,f}; rescaled by
+  e^{m_{s,f} − max_s m_{s,f}} they share the max over all real keys (a split
+  without real keys has m = −1e30 and weight 0; with none at all, m is set to 0).
+  """
+  m = jnp.max(m_part, axis=2, keepdims=True)                    # [B, H, 1, F]
+  w = jnp.exp(m_part - m)                                       # [B, H, S, F]
+  return (jnp.einsum('bhsf,bhsfd->bhfd', w, s_part), jnp.sum(w * z_part, axis=2),
+          jnp.where(m[:, :, 0] > 0.5 * _NEG, m[:, :, 0], 0.0))
 
 
 def _pad_rows(a, length):
@@ -307,20 +305,21 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
   key_inputs = [rows_spec(dim), rows_spec(d_v),
                 pl.BlockSpec((None, split_len), lambda i, j, s, f: (i, s))]
   if name == 'softmaxfeat':
-    # Outputs S⁺, S⁻, z⁺, z⁻ (features [φ⁺ | φ⁻]); every program reads all particles.
-    sp, sm, zp, zm = pl.pallas_call(
+    # Outputs S⁺, S⁻, z⁺, z⁻, m⁺, m⁻ (features [φ⁺ | φ⁻]); every program reads all particles.
+    sp, sm, zp, zm, mp, mm = pl.pallas_call(
         functools.partial(_key_kernel_softmax, block_k=block_k, block_f=block_f,
-                          num_blocks=blocks_per_split, num_feature_blocks=n_f,
-                          scale=2.0 * math.sqrt(num_features)),
+                          num_blocks=blocks_per_split, num_feature_blocks=n_f, scale=scale),
         grid=(b, h, num_splits, n_f),
         in_specs=key_inputs + [pl.BlockSpec((None, num_features, dim),
                                             lambda i, j, s, f: (j, 0, 0))],
-        out_specs=[state_spec, state_spec, norm_spec, norm_spec],
-        out_shape=[part(num_features, d_v)] * 2 + [part(num_features)] * 2,
+        out_specs=[state_spec] * 2 + [norm_spec] * 4,
+        out_shape=[part(num_features, d_v)] * 2 + [part(num_features)] * 4,
         **params)(k_p, v_p, mask_p, omega)
-    states = [jnp.sum(a, axis=2) for a in (sp, sm, zp, zm)]      # Over the splits.
+    s_p, z_p, m_p = _combine_splits(sp, zp, mp)
+    s_m, z_m, m_m = _combine_splits(sm, zm, mm)
+    states = [s_p, s_m, z_p, z_m, m_p, m_m]
     kernel = functools.partial(_query_kernel_softmax, block_f=block_f, num_blocks=n_f,
-                               scale=2.0 * math.sqrt(num_features), eps=eps)
+                               scale=scale, eps=eps)
   else:
     s_part, z_part, m_part = pl.pallas_call(
         functools.partial(_key_kernel, name=name, block_k=block_k,
@@ -331,13 +330,7 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
         out_specs=[state_spec, norm_spec, norm_spec],
         out_shape=[part(num_features, d_v), part(num_features), part(num_features)],
         **params)(k_p, v_p, mask_p, omega)
-    # Combine the partials on one shift per feature (favor): the max over the splits.
-    m = jnp.max(m_part, axis=2, keepdims=True)                    # [B, H, 1, F]
-    w = jnp.exp(m_part - m)                                       # [B, H, S, F]
-    states = [jnp.einsum('bhsf,bhsfd->bhfd', w, s_part),          # [B, H, F, D]
-              jnp.sum(w * z_part, axis=2)]                        # [B, H, F]
-    if name == 'favor':       # No real key at all: m stays −1e30 (S, z are 0); use 0.
-      states.append(jnp.where(m[:, :, 0] > 0.5 * _NEG, m[:, :, 0], 0.0))
+    states = list(_combine_splits(s_part, z_part, m_part))
     kernel = functools.partial(_query_kernel, name=name, block_f=block_f, num_blocks=n_f,
                                scale=scale, eps=eps)
 
@@ -382,9 +375,8 @@ def _with_xla_gradients(forward, reference):
 
 
 _attend = _with_xla_gradients(
-    _forward, lambda q, k, v, omega, key_mask, opts: attention.fused_linear_attention(
-        q, k, v, omega, feature_map=opts['name'], key_mask=key_mask, eps=opts['eps'],
-        implementation='xla'))
+    _forward, lambda q, k, v, omega, key_mask, opts: attention_core.xla_fused_linear_attention(
+        q, k, v, omega, feature_map=opts['name'], key_mask=key_mask, eps=opts['eps']))
 
 
 def _power_of_two(name, value):
@@ -398,7 +390,7 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
                             feature_map: str = 'favor', key_mask: Optional[jax.Array] = None,
                             block_q: int = 64, block_k: int = 64, block_f: Optional[int] = None,
                             num_splits: Optional[int] = None,
-                            eps: float = attention.DEFAULT_EPS,
+                            eps: float = attention_core.DEFAULT_EPS,
                             interpret: Optional[bool] = None, num_warps: int = 4,
                             num_stages: int = 2) -> jax.Array:
   r"""``fused_linear_attention``'s result from two Pallas kernels, ``[B, L, H, D]``.
@@ -419,7 +411,8 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
       the default backend is a GPU).
     num_warps, num_stages: Triton launch parameters.
   """
-  attention.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
+  attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
+  attention_core.check_eps(eps)
   length = q.shape[1]
   if block_f is None:
     block_f = math.gcd(omega.shape[1], 64)
@@ -487,66 +480,56 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
   """One (b, h): out_i = Σ_{j≤i} φ(q_i)·φ(k_j) v_j / Σ_{j≤i} φ(q_i)·φ(k_j), chunk by chunk.
 
   The running state S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j) of the chunks before is kept
-  in registers as one ``[F_b, D]`` block per particle block (a Python loop over
-  the blocks). Per chunk of C rows: every block's projections, the shifts (favor:
-  each feature's running max over the keys of the prefix, which rescales its row
-  of S and z, added to the query logits, then each query row's max, as in
-  ``features.favor_pair``; softmaxfeat: each row's log-sum-exp), then
+  in registers as one ``[F_b, D]`` block per feature block (a Python loop over
+  the blocks; softmaxfeat has two per particle block, for s and −s). Per chunk
+  of C rows: every block's log-features ℓ (``features.log_psi``; softmaxfeat:
+  [s, −s] minus each key row's log-sum-exp), each feature's running max m_f
+  over the real keys of the prefix (this chunk included), which rescales its row
+  of S and z, the queries' ℓ + m_f minus each query row's max (as
+  ``features.attention_pair``, with prefix maxima), then
   out = (A v + φ(q) S) / (A 1 + φ(q)·z) with A = tril(φ(q) φ(k)ᵀ) inside the
-  chunk, and S, z updated.
+  chunk, and S, z updated. Every factor is common to a query's row, so the
+  ratio is exact at any input scale.
   """
   n_f, m_total = num_feature_blocks, omega_ref.shape[0]
   d_v = v_ref.shape[-1]
-  favor, softmax = name == 'favor', name == 'softmaxfeat'
-  scale = 2.0 * math.sqrt(m_total) if softmax else 1.0 / math.sqrt(m_total)
+  softmax = name == 'softmaxfeat'
+  scale = 1.0 / math.sqrt(m_total)
   causal = jnp.arange(chunk)[:, None] >= jnp.arange(chunk)[None, :]
   omegas = [omega_ref[pl.ds(f * block_f, block_f), :] for f in range(n_f)]
+  row_max = lambda blocks: functools.reduce(jnp.maximum, [jnp.max(b, axis=1) for b in blocks])
 
-  def row_shift(logits):
-    """Per row of [C, ·] logits: max (favor) or log-sum-exp over [s, −s] (softmaxfeat)."""
-    if favor:
-      return functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in logits])
-    m = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(s), axis=1) for s in logits])
-    total = sum(jnp.sum(jnp.exp(s - m[:, None]) + jnp.exp(-s - m[:, None]), axis=1)
-                for s in logits)
-    return m + jnp.log(total)
-
-  def feats(s, half, shift):
-    """[C, F_b] features of one particle block (softmaxfeat: the [φ⁺, φ⁻] pair)."""
-    if softmax:
-      return (jnp.exp(s - shift) * scale, jnp.exp(-s - shift) * scale)
-    return (_psi(name, s, half, shift) * scale,)
+  def log_features(x, keys):
+    """ℓ of a [C, d] row block: a list of [C, F_b] blocks (softmaxfeat: s blocks, then −s)."""
+    xf = x.astype(jnp.float32)
+    half = 0.5 * jnp.sum(xf * xf, axis=1, keepdims=True)           # [C, 1]
+    s = [_project(x, w) for w in omegas]                           # n_f × [C, F_b]
+    if not softmax:
+      return [features.log_psi(name, sb, half) for sb in s]
+    blocks = s + [-sb for sb in s]
+    if not keys:            # A query row's log-sum-exp is a factor of its row: it cancels.
+      return blocks
+    top = row_max(blocks)[:, None]
+    lse = top + jnp.log(sum(jnp.sum(jnp.exp(b - top), axis=1, keepdims=True)
+                            for b in blocks))
+    return [b - lse for b in blocks]
 
   def body(t, carry):
-    states, norms, m = carry    # n_f (or 2·n_f) × [F_b, D], × [F_b]; favor: n_f × [F_b] shifts
+    states, norms, m = carry             # width × [F_b, D], × [F_b], × [F_b] (running max)
     rows = pl.ds(t * chunk, chunk)
     q, k, v = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :]
     keep = mask_ref[rows] > 0                                       # [C]
-    qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
-    half_q = 0.5 * jnp.sum(qf * qf, axis=1, keepdims=True)         # [C, 1]
-    half_k = 0.5 * jnp.sum(kf * kf, axis=1, keepdims=True)
-    sq = [_project(q, w) for w in omegas]                          # n_f × [C, F_b]
-    sk = [_project(k, w) for w in omegas]
-    if favor:
-      # Keys: each feature's running max over the prefix (this chunk included); queries:
-      # logits plus those shifts, minus each row's max (as features.favor_pair).
-      lk = [jnp.where(keep[:, None], s - half_k, _NEG) for s in sk]
-      m_new = [jnp.maximum(mf, jnp.max(l, axis=0)) for mf, l in zip(m, lk)]
-      decay = [jnp.exp(mf - mn) for mf, mn in zip(m, m_new)]
-      states = [s * dc[:, None] for s, dc in zip(states, decay)]
-      norms = [z * dc for z, dc in zip(norms, decay)]
-      m_q = [jnp.where(mn > 0.5 * _NEG, mn, 0.0) for mn in m_new]   # 0 before any real key
-      shift_q = row_shift([s - half_q + mq[None, :] for s, mq in zip(sq, m_q)])[:, None]
-      phi_q = [_psi(name, s, half_q, shift_q - mq[None, :]) * scale for s, mq in zip(sq, m_q)]
-      phi_k = [jnp.where(keep[:, None], jnp.exp(l - mn[None, :]) * scale, 0.0)
-               for l, mn in zip(lk, m_new)]
-    else:
-      m_new = m
-      shift_q = shift_k = 0.0
-      if softmax:
-        shift_q, shift_k = row_shift(sq)[:, None], row_shift(sk)[:, None]
-      phi_q = [p for s in sq for p in feats(s, half_q, shift_q)]
-      phi_k = [jnp.where(keep[:, None], p, 0.0) for s in sk for p in feats(s, half_k, shift_k)]
+    lk = [jnp.where(keep[:, None], l, _NEG) for l in log_features(k, True)]
+    m_new = [jnp.maximum(mf, jnp.max(l, axis=0)) for mf, l in zip(m, lk)]
+    decay = [jnp.exp(mf - mn) for mf, mn in zip(m, m_new)]
+    states = [s * dc[:, None] for s, dc in zip(states, decay)]
+    norms = [z * dc for z, dc in zip(norms, decay)]
+    m_q = [jnp.where(mn > 0.5 * _NEG, mn, 0.0) for mn in m_new]     # 0 before any real key
+    lq = [l + mq[None, :] for l, mq in zip(log_features(q, False), m_q)]
+    shift_q = row_max(lq)[:, None]
+    phi_q = [jnp.exp(l - shift_q) * scale for l in lq]
+    phi_k = [jnp.where(keep[:, None], jnp.exp(l - mn[None, :]) * scale, 0.0)
+             for l, mn in zip(lk, m_new)]
     v = jnp.where(keep[:, None], v, 0).astype(jnp.float32)
     a = sum(_dot(pq, pk, trans_b=True) for pq, pk in zip(phi_q, phi_k))   # [C, C]
     a = jnp.where(causal, a, 0.0)
@@ -561,25 +544,20 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
   width = 2 * n_f if softmax else n_f
   init = ([jnp.zeros((block_f, d_v), jnp.float32)] * width,
           [jnp.zeros((block_f,), jnp.float32)] * width,
-          [jnp.full((block_f,), _NEG, jnp.float32)] * n_f if favor else jnp.float32(0.0))
+          [jnp.full((block_f,), _NEG, jnp.float32)] * width)
   jax.lax.fori_loop(0, num_chunks, body, init)
 
 
 def _causal_reference(q, k, v, omega, key_mask, *, name, eps):
-  """The XLA path: per-head features stored, then ``attention.causal_linear_attention``.
+  """The XLA path: per-head features stored, then ``causal_linear_attention``.
 
-  favor: ``features.favor_pair`` (per key feature over all real keys, and per
-  query row; constants per feature, so they cancel as the kernel's prefix maxima do).
+  The features are ``features.attention_pair``'s (per key feature over all real
+  keys, and per query row: factors common to a query's row, which cancel as the
+  kernel's prefix maxima do).
   """
-  from coulomb_jax import features  # pylint: disable=g-import-not-at-top
-  per_head = lambda f, x: jax.vmap(f, in_axes=(2, 0), out_axes=2)(x, omega)
-  if name == 'favor':
-    pair = lambda qh, kh, w: features.favor_pair(qh, kh, w, key_mask)
-    qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
-  else:
-    fm = features.get_feature_map(name)
-    qf, kf = per_head(fm, q), per_head(fm, k)
-  return attention.causal_linear_attention(qf, kf, v, key_mask, eps=eps)
+  pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, name, key_mask)
+  qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
+  return attention_core.causal_linear_attention(qf, kf, v, key_mask, eps=eps)
 
 
 def _causal_forward(q, k, v, omega, key_mask, *, name, chunk, block_f, eps, interpret,
@@ -617,17 +595,17 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                    omega: jax.Array, *, feature_map: str = 'favor',
                                    key_mask: Optional[jax.Array] = None, chunk_size: int = 64,
                                    block_f: Optional[int] = None,
-                                   eps: float = attention.DEFAULT_EPS,
+                                   eps: float = attention_core.DEFAULT_EPS,
                                    interpret: Optional[bool] = None, num_warps: int = 4,
                                    num_stages: int = 2) -> jax.Array:
   r"""Causal linear attention from one Pallas kernel, ``[B, L, H, D]``: out_i sees j ≤ i.
 
   The result of ``attention.causal_linear_attention(φ(q), φ(k), v, key_mask)``
-  with φ the per-head map of ``omega`` (favor: each feature's running max over
-  the keys of the prefix and each query row's max, which cancel), without storing the
+  with φ the per-head map of ``omega`` (every map in log space: each feature's running
+  max over the keys of the prefix and each query row's max, which cancel), without storing the
   ``[B, L, H, M]`` features: one program per (batch, head) walks the chunks of
   C tokens in order, carrying S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) of the chunks
-  before in registers (see ``_causal_kernel``). favor's key shifts are running
+  before in registers (see ``_causal_kernel``). The key shifts are running
   maxima up to the end of the current chunk, so a key later in a query's own chunk
   can move that query's shifts: exact in real arithmetic (the shifts cancel), equal
   up to float32 rounding in practice. The grid has only B·H programs,
@@ -638,7 +616,8 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   Args: as ``pallas_linear_attention``, with ``chunk_size`` C (a power of two;
   L need not be a multiple of it) instead of the block and split sizes.
   """
-  attention.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
+  attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
+  attention_core.check_eps(eps)
   if block_f is None:
     block_f = math.gcd(omega.shape[1], 64)
   chunk, block_f = (_power_of_two(n, x) for n, x in (('chunk_size', chunk_size),

@@ -1,5 +1,7 @@
 """Tests of coulomb_jax.features: kernel estimates, positivity, samplers, bad input."""
 
+from absl.testing import parameterized
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,6 +150,46 @@ def test_favor_pair_bounds_features_and_the_attention_denominator():
   np.testing.assert_array_equal(kg, kf)
 
 
+def _rows_of_norm(key, shape, norm):
+  x = jax.random.normal(key, shape)
+  return norm * x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize('name', features.ATTENTION_FEATURE_MAPS)
+def test_attention_pair_bounds_padding_and_log_features(name):
+  # Rows of norm 40: porf_softplus's raw features are all 0 in float32 there (e^{s − 800}).
+  kq, kk, kw = jax.random.split(jax.random.key(17), 3)
+  q, k = _rows_of_norm(kq, (2, 10, 8), 40.0), _rows_of_norm(kk, (2, 10, 8), 40.0)
+  omega = jax.random.normal(kw, (16, 8))
+  mask = jnp.arange(10)[None] < jnp.array([[10], [6]])
+  qf, kf = features.attention_pair(q, k, omega, name, mask)
+  width = 32 if name == 'softmaxfeat' else 16
+  chex.assert_shape((qf, kf), (2, 10, width))
+  chex.assert_type((qf, kf), jnp.float32)
+  assert float(jnp.max(qf)) <= 1 / 4 * (1 + 1e-6) and float(jnp.max(kf)) <= 1 / 4 * (1 + 1e-6)
+  den = jnp.einsum('bif,bf->bi', qf, jnp.sum(kf, axis=1))
+  assert float(jnp.min(den)) >= 1 / 16 * (1 - 1e-5)        # the guard eps = 1e-6 never acts
+  assert np.all(np.asarray(kf)[~np.asarray(mask)] == 0)    # padded keys: φ = 0
+  # Padded keys enter no shift: garbage (huge or NaN) there changes no feature.
+  garbage = jnp.where(mask[..., None], k, jnp.nan)
+  qg, kg = features.attention_pair(q, garbage, omega, name, mask)
+  chex.assert_trees_all_equal((qg, kg), (qf, kf))
+  # log_features is log φ: equal to the map where it does not underflow, finite where it does.
+  fm = features.get_feature_map(name)
+  small = q / 40.0
+  np.testing.assert_allclose(jnp.exp(features.log_features(small, omega, name)),
+                             fm(small, omega), rtol=2e-5, atol=1e-30)
+  assert np.all(np.isfinite(features.log_features(q, omega, name)))
+  if name == 'porf_softplus':
+    assert np.all(np.asarray(fm(q, omega)) == 0)         # what the shifts repair
+
+
+def test_favor_pair_is_attention_pair_of_favor():
+  q, k, omega, mask = _favor_pair_inputs(3.0)
+  chex.assert_trees_all_equal(features.favor_pair(q, k, omega, mask),
+                              features.attention_pair(q, k, omega, 'favor', mask))
+
+
 def test_favor_pair_bad_input():
   q, k, omega, mask = _favor_pair_inputs(1.0)
   with pytest.raises(ValueError, match='same leading axes'):
@@ -237,3 +279,40 @@ def test_bad_sampler_sizes_raise():
     features.sample_gaussian(jax.random.key(0), 0, 3)
   with pytest.raises(ValueError, match='dim must be an integer >= 1, got 0'):
     features.sample_orthogonal(jax.random.key(0), 4, 0)
+
+
+class FeatureMapVariantsTest(chex.TestCase):
+  """Every map with and without jit: shapes, dtypes, values against numpy float64."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*sorted(features.FEATURE_MAPS))
+  def test_map_matches_its_formula(self, name):
+    omega = features.sample_gaussian(jax.random.key(18), 6, 3)
+    x = jax.random.normal(jax.random.key(19), (4, 3))
+    phi = self.variant(features.get_feature_map(name))(x, omega)
+    s = np.asarray(x, np.float64) @ np.asarray(omega, np.float64).T
+    half = 0.5 * np.sum(np.asarray(x, np.float64) ** 2, -1, keepdims=True)
+    sig = 1 / (1 + np.exp(-s))
+    both = np.concatenate([s, -s], -1)
+    psi = {'rff': np.concatenate([np.cos(s), np.sin(s)], -1), 'favor': np.exp(s - half),
+           'elu': np.where(s > 0, s + 1, np.exp(s)), 'softplus': np.log1p(np.exp(s)),
+           'sigmoid2': sig ** 2, 'cos2': np.cos(s) ** 2,
+           'softmaxfeat': 12 * np.exp(both) / np.exp(both).sum(-1, keepdims=True),
+           'porf_softplus': np.log1p(np.exp(s - half))}[name]
+    chex.assert_shape(phi, psi.shape)
+    chex.assert_type(phi, jnp.float32)
+    chex.assert_trees_all_close(phi, psi / np.sqrt(6), rtol=1e-5, atol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_attention_pair_under_x64(self):
+    with jax.enable_x64(True):
+      q = jax.random.normal(jax.random.key(20), (5, 3), jnp.float64)
+      omega = features.sample_gaussian(jax.random.key(21), 4, 3, jnp.float64)
+      for name in features.ATTENTION_FEATURE_MAPS:
+        qf, kf = self.variant(lambda a, w, n=name: features.attention_pair(a, a, w, n))(q, omega)
+        chex.assert_type((qf, kf), jnp.float64)
+        gram = qf @ kf.T                   # one factor per row times the exact Gram matrix
+        exact = features.get_feature_map(name)(q, omega)
+        exact = exact @ exact.T
+        ratio = np.asarray(gram / exact)
+        np.testing.assert_allclose(ratio, ratio[:, :1] * np.ones_like(ratio), rtol=1e-12)

@@ -1,0 +1,221 @@
+r"""Linear attention in XLA: the materialised, causal and chunked (fused) paths.
+
+What ``attention`` and ``pallas_attention`` share (so neither imports the other's
+module: ``attention`` → ``pallas_attention`` → ``attention_core``): the input
+checks, the denominator guard ``DEFAULT_EPS``, ``linear_attention``,
+``causal_linear_attention`` and ``xla_fused_linear_attention``, the chunked path
+that ``attention.fused_linear_attention`` takes without Pallas and whose
+gradients the Pallas kernels use. Public names are re-exported by ``attention``;
+see its docstring for the formulas and shapes.
+"""
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from coulomb_jax import _checks
+from coulomb_jax import features
+
+DEFAULT_EPS = 1e-6
+"""Guard of the attention denominator: max(φ(q)ᵀΣφ(k), eps). With the stabilised
+features (``features.attention_pair``, the fused and Pallas paths) the denominator
+is ≥ 1/M, so the guard only acts on rows without any real key."""
+
+
+def check_eps(eps) -> float:
+  """eps > 0, a number (a traced eps passes)."""
+  _checks.check_positive('eps', eps)
+  return eps
+
+
+def _check(q_feat, k_feat, v, key_mask):
+  for name, a in (('q_feat', q_feat), ('k_feat', k_feat), ('v', v)):
+    _checks.check_rank(name, a, 4)
+  if q_feat.shape[:3] != k_feat.shape[:3] or q_feat.shape[3] != k_feat.shape[3]:
+    raise ValueError(f'q_feat and k_feat must have the same shape [B, L, H, F], got '
+                     f'{q_feat.shape} and {k_feat.shape}.')
+  if v.shape[:3] != k_feat.shape[:3]:
+    raise ValueError(f'v must be [B, L, H, D] with [B, L, H] = {k_feat.shape[:3]}, got '
+                     f'{v.shape}.')
+  if key_mask is not None and key_mask.shape != k_feat.shape[:2]:
+    raise ValueError(f'key_mask must have shape [B, L] = {k_feat.shape[:2]}, got '
+                     f'{key_mask.shape}.')
+
+
+def _prepare(q_feat, k_feat, v, key_mask):
+  """Promotes to float32 (or wider) and zeroes padded keys and values.
+
+  ``where`` rather than a product, so NaN in padding never leaks.
+  """
+  dtype = jnp.promote_types(jnp.result_type(q_feat, k_feat, v), jnp.float32)
+  q_feat, k_feat, v = (a.astype(dtype) for a in (q_feat, k_feat, v))
+  if key_mask is None:
+    return q_feat, k_feat, v
+  m = key_mask[:, :, None, None]
+  return q_feat, jnp.where(m, k_feat, 0), jnp.where(m, v, 0)
+
+
+def linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
+                     key_mask: Optional[jax.Array] = None, *,
+                     eps: float = DEFAULT_EPS) -> jax.Array:
+  r"""Bidirectional linear attention, ``[B, L, H, D]``.
+
+  Args:
+    q_feat: ``[B, L, H, F]`` query features φ(q) (non-negative).
+    k_feat: ``[B, L, H, F]`` key features φ(k).
+    v: ``[B, L, H, D]`` values.
+    key_mask: optional ``[B, L]`` bool, True for real tokens.
+    eps: denominator guard.
+  """
+  _check(q_feat, k_feat, v, key_mask)
+  check_eps(eps)
+  out_dtype = v.dtype
+  q_feat, k_feat, v = _prepare(q_feat, k_feat, v, key_mask)
+  kv = jnp.einsum('blhf,blhd->bhfd', k_feat, v)                        # [B, H, F, D]
+  z = jnp.sum(k_feat, axis=1)                                           # [B, H, F]
+  num = jnp.einsum('blhf,bhfd->blhd', q_feat, kv)
+  den = jnp.einsum('blhf,bhf->blh', q_feat, z)
+  return (num / jnp.maximum(den, eps)[..., None]).astype(out_dtype)
+
+
+def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
+                            key_mask: Optional[jax.Array] = None, *,
+                            chunk_size: int = 64, eps: float = DEFAULT_EPS) -> jax.Array:
+  r"""Causal linear attention, ``[B, L, H, D]``: out_i uses keys j ≤ i only.
+
+  Chunked prefix sums: the sequence is cut into chunks of C tokens; within a
+  chunk the C×C causal part is computed explicitly, across chunks a running
+  state S = Σ φ(k_j) v_jᵀ (``[B, H, F, D]``) and z = Σ φ(k_j) is carried by
+  ``lax.scan``. Memory O(L·(F + D) + C² + F·D), time O(L·(C·(F + D) + F·D)).
+
+  Args: as ``linear_attention``, plus ``chunk_size`` C ≥ 1 (L need not be a
+  multiple of it: the tail is padded with masked keys).
+  """
+  _check(q_feat, k_feat, v, key_mask)
+  chunk = _checks.check_int('chunk_size', chunk_size, 1)
+  check_eps(eps)
+  b, length, h, f = q_feat.shape
+  d, out_dtype = v.shape[-1], v.dtype
+  if key_mask is None:
+    key_mask = jnp.ones((b, length), bool)
+  pad = (-length) % chunk
+  if pad:
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q_feat, k_feat, v = (jnp.pad(a, widths) for a in (q_feat, k_feat, v))
+    key_mask = jnp.pad(key_mask, ((0, 0), (0, pad)))
+  q_feat, k_feat, v = _prepare(q_feat, k_feat, v, key_mask)
+  n = (length + pad) // chunk
+  # [n, B, C, H, ·]: the chunk axis first, for the scan.
+  to_chunks = lambda a: jnp.moveaxis(a.reshape(b, n, chunk, h, a.shape[-1]), 1, 0)
+  qc, kc, vc = to_chunks(q_feat), to_chunks(k_feat), to_chunks(v)
+  tril = jnp.tril(jnp.ones((chunk, chunk), bool))
+
+  def step(carry, inputs):
+    s, z = carry                                          # [B, H, F, D], [B, H, F]
+    q, k, val = inputs                                    # [B, C, H, ·]
+    scores = jnp.where(tril, jnp.einsum('bihf,bjhf->bhij', q, k), 0.0)   # [B, H, C, C]
+    num = jnp.einsum('bhij,bjhd->bihd', scores, val) + jnp.einsum('bihf,bhfd->bihd', q, s)
+    den = (jnp.sum(scores, axis=-1).transpose(0, 2, 1)
+           + jnp.einsum('bihf,bhf->bih', q, z))
+    out = num / jnp.maximum(den, eps)[..., None]
+    s = s + jnp.einsum('bjhf,bjhd->bhfd', k, val)
+    z = z + jnp.sum(k, axis=1)
+    return (s, z), out.astype(out_dtype)
+
+  init = (jnp.zeros((b, h, f, d), q_feat.dtype), jnp.zeros((b, h, f), q_feat.dtype))
+  _, out = jax.lax.scan(step, init, (qc, kc, vc))
+  out = jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, h, d)
+  return out[:, :length]
+
+
+def check_fused_inputs(q, k, v, omega, key_mask, feature_map, maps) -> None:
+  """One clear error for bad inputs of the fused paths (shapes as in their docstrings)."""
+  for name, a in (('q', q), ('k', k), ('v', v)):
+    _checks.check_rank(name, a, 4)
+  _checks.check_rank('omega', omega, 3)
+  if q.shape != k.shape or v.shape[:3] != q.shape[:3]:
+    raise ValueError(f'q, k must be [B, L, H, d] and v [B, L, H, D] with the same [B, L, H], '
+                     f'got {q.shape}, {k.shape} and {v.shape}.')
+  b, length, h, dim = q.shape
+  if omega.shape[0] != h or omega.shape[2] != dim:
+    raise ValueError(f'omega must be [H, M, d] = [{h}, M, {dim}], got {omega.shape}.')
+  if feature_map not in maps:
+    raise ValueError(f'feature_map must be one of {tuple(maps)}, got {feature_map!r}.')
+  if key_mask is not None and key_mask.shape != (b, length):
+    raise ValueError(f'key_mask must have shape [B, L] = {(b, length)}, got {key_mask.shape}.')
+
+
+def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                               omega: jax.Array, *, feature_map: str = 'favor',
+                               key_mask: Optional[jax.Array] = None, chunk_size: int = 1024,
+                               eps: float = DEFAULT_EPS) -> jax.Array:
+  r"""``attention.fused_linear_attention``'s XLA path (its docstring has the details).
+
+  Every map is stabilised in log space as ``features.attention_pair`` does: with
+  ℓ = log ψ (``features.attention_log_psi``), keys are e^{ℓ − m_f} with m_f an
+  online max per feature over the real keys (as in flash attention: row f of
+  S and z is rescaled by e^{m_f,old − m_f,new} when a chunk raises it, so the
+  final shift is the max over all real keys), and queries e^{ℓ + m_f − M_i}
+  with M_i their row max.
+  """
+  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
+  chunk = _checks.check_int('chunk_size', chunk_size, 1)
+  check_eps(eps)
+  b, length, h, _ = q.shape
+  d_v, out_dtype = v.shape[-1], v.dtype
+  if key_mask is None:
+    key_mask = jnp.ones((b, length), bool)
+  chunk = min(chunk, length)
+  pad = (-length) % chunk
+  dtype = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
+  q, k, v, omega = (a.astype(dtype) for a in (q, k, v, omega))
+  if pad:
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q, k, v = (jnp.pad(a, widths) for a in (q, k, v))
+    key_mask = jnp.pad(key_mask, ((0, 0), (0, pad)))
+  n = (length + pad) // chunk
+  to_chunks = lambda a: jnp.moveaxis(a.reshape((b, n, chunk) + a.shape[2:]), 1, 0)
+  num_particles = omega.shape[1]
+  # F: features per head (2M for softmaxfeat's [s, −s]).
+  width = 2 * num_particles if feature_map == 'softmaxfeat' else num_particles
+  scale = math.sqrt(num_particles)
+
+  def log_psi(x):                                         # [B, C, H, d] -> [B, C, H, F]
+    s = jnp.einsum('bchd,hmd->bchm', x, omega)
+    return features.attention_log_psi(feature_map, s,
+                                      0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
+
+  @jax.checkpoint
+  def key_step(carry, inputs):
+    s, z, m = carry                       # [B, H, F, D], [B, H, F], [B, H, F] (running max)
+    kc, vc, mc = inputs                   # [B, C, H, d], [B, C, H, D], [B, C]
+    keep = mc[:, :, None, None]
+    vc = jnp.where(keep, vc, 0.0)         # padded keys and values are never read
+    logits = jnp.where(keep, log_psi(jnp.where(keep, kc, 0.0)), -jnp.inf)
+    m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(logits, axis=1)))   # [B, H, F]
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    rescale = jnp.where(jnp.isfinite(m), jnp.exp(m - m_safe), 0.0)
+    phi = jnp.exp(logits - m_safe[:, None]) / scale
+    s = s * rescale[..., None] + jnp.einsum('bchm,bchd->bhmd', phi, vc)
+    z = z * rescale + jnp.sum(phi, axis=1)
+    return (s, z, m_new), None
+
+  init = (jnp.zeros((b, h, width, d_v), dtype), jnp.zeros((b, h, width), dtype),
+          jnp.full((b, h, width), -jnp.inf, dtype))
+  (s, z, m), _ = jax.lax.scan(key_step, init, (to_chunks(k), to_chunks(v), to_chunks(key_mask)))
+  m = jnp.where(jnp.isfinite(m), m, 0.0)                  # per-feature key shifts
+
+  @jax.checkpoint
+  def query_step(qc):                                     # [B, C, H, d] -> [B, C, H, D]
+    logits = log_psi(qc) + m[:, None]
+    logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    phi = jnp.exp(logits) / scale
+    num = jnp.einsum('bchm,bhmd->bchd', phi, s)
+    den = jnp.einsum('bchm,bhm->bch', phi, z)
+    return num / jnp.maximum(den, eps)[..., None]
+
+  out = jax.lax.map(query_step, to_chunks(q))            # [n, B, C, H, D]
+  out = jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, h, d_v)
+  return out[:, :length].astype(out_dtype)
