@@ -19,6 +19,15 @@ Conventions:
   not depend on how the particles are sharded (``coulomb_jax.parallel`` gives
   the same update as one device).
 
+* Particles of any real dtype are moved in float32 (or wider): integer particles
+  come back as float32 (never truncated), bf16/float16 ones in their own dtype,
+  rounded so that they stay inside the ball (``round_into_ball``: rows that
+  round-to-nearest would push outside are rounded toward zero instead).
+* Eager calls refuse NaN/inf particles, gradients and data, and hyper-parameters
+  that are not numbers (``step_size='0.1'``), negative or NaN (λ < 0 included),
+  each with a one-line ``ValueError`` naming the argument and the value; under
+  ``jit`` only the static checks (shapes, Python numbers) run.
+
 Three ways in: ``langevin_step`` (one update), ``run_langevin`` (Algorithm 1
 over minibatches with ``lax.scan`` and early stop) and ``langevin_transform``
 (the same update as an optax ``GradientTransformation``). ``gibbs_resample``
@@ -40,6 +49,7 @@ from coulomb_jax import repulsion
 
 
 def _check_step_args(step_size, beta, radius, clip_norm):
+  """η, β, R > 0 and clip_norm > 0 if set: numbers, not NaN (∞ allowed for β and R)."""
   _checks.check_positive('step_size', step_size)
   _checks.check_positive('beta', beta)
   _checks.check_positive('radius', radius)
@@ -101,19 +111,50 @@ def _row_noise(key, shape, dtype, row_offset=0):
   return xi.reshape(shape)
 
 
+def particle_dtypes(dtype):
+  """``(compute, result)`` dtypes for particles of ``dtype``.
+
+  Computed in float32 or wider; the result keeps a floating dtype (bf16 stays
+  bf16) and is float32 (the compute dtype) for integer particles, which a step
+  would otherwise truncate.
+  """
+  compute = jnp.promote_types(dtype, jnp.float32)
+  return compute, (dtype if jnp.issubdtype(dtype, jnp.floating) else compute)
+
+
+def round_into_ball(omega: jax.Array, radius, dtype) -> jax.Array:
+  """Rows of ``omega`` (inside the ball ‖ω‖ ≤ R, in a wider dtype) cast to ``dtype``.
+
+  Round to nearest, except in rows whose rounded norm (measured in ``omega``'s
+  dtype) exceeds R: there every entry is rounded toward zero, which cannot
+  increase the norm; a row still outside (every entry exactly representable, and
+  ``omega`` itself a few ulps outside) moves one more ulp toward zero. So bf16
+  particles on the sphere stay inside it (round to nearest leaves up to 2⁻⁹
+  relative outside).
+  """
+  zero = jnp.zeros((), dtype)
+  norm = lambda a: jnp.linalg.norm(a.astype(omega.dtype), axis=-1, keepdims=True)
+  r = omega.astype(dtype)
+  if dtype != omega.dtype:
+    down = jnp.where(jnp.abs(r.astype(omega.dtype)) > jnp.abs(omega), jnp.nextafter(r, zero), r)
+    r = jnp.where(norm(r) > radius, down, r)
+  return jnp.where(norm(r) > radius, jnp.nextafter(r, zero), r)
+
+
 def _move(key, omega, grad, *, step_size, beta, radius, num_particles, row_offset=0):
   """The update on an already clipped gradient. Returns (new omega, projected fraction).
 
-  Computed in float32 (or wider) and cast back to ``omega.dtype``, so bf16
-  particles take the same step as float32 ones up to the final rounding.
+  Computed in float32 (or wider) and rounded into the ball in the result dtype
+  (``particle_dtypes``), so bf16 particles take the same step as float32 ones up
+  to the final rounding, and integer particles come back as float32.
   """
-  dtype = jnp.promote_types(omega.dtype, jnp.float32)
+  dtype, out_dtype = particle_dtypes(omega.dtype)
   moved = omega.astype(dtype) - (step_size * num_particles) * grad.astype(dtype)
-  if _checks.concrete_float(beta) != math.inf:
+  if _checks.concrete_float(beta, 'beta') != math.inf:
     noise = _row_noise(key, omega.shape, dtype, row_offset)
     moved = moved + jnp.sqrt(2.0 * step_size / beta).astype(dtype) * noise
   outside = jnp.linalg.norm(moved, axis=-1) > radius
-  return (project_to_ball(moved, radius).astype(omega.dtype),
+  return (round_into_ball(project_to_ball(moved, radius), radius, out_dtype),
           jnp.mean(outside.astype(jnp.float32)))
 
 
@@ -122,7 +163,9 @@ def langevin_step(key: jax.Array, omega: jax.Array, grad: jax.Array, *,
                   clip_norm: Optional[float] = None) -> jax.Array:
   r"""One projected Langevin step, ``[..., N, d] → [..., N, d]``.
 
-  ω ← P_R(ω − η·N·clip(∇H) + √(2η/β)·ξ), N = ``omega.shape[-2]``.
+  ω ← P_R(ω − η·N·clip(∇H) + √(2η/β)·ξ), N = ``omega.shape[-2]``, computed in
+  float32 (or wider); the result has ``omega``'s floating dtype, rounded so that it
+  stays in the ball, or float32 for integer ``omega``.
 
   Args:
     key: PRNG key of this step (ignored when β = ∞).
@@ -141,6 +184,8 @@ def langevin_step(key: jax.Array, omega: jax.Array, grad: jax.Array, *,
     raise ValueError(
         f'omega must hold at least one particle of dimension >= 1, got shape {omega.shape}.')
   _check_step_args(step_size, beta, radius, clip_norm)
+  _checks.check_finite('omega', omega)
+  _checks.check_finite('grad', grad)
   grad = clip_by_global_norm(grad, clip_norm)
   return _move(key, omega, grad, step_size=step_size, beta=beta, radius=radius,
                num_particles=omega.shape[-2])[0]
@@ -196,19 +241,30 @@ def run_langevin(
 
   Returns:
     ``(omega, history)``: final ``[N, d]`` particles and a ``LangevinHistory``.
+    The run is computed in float32 (or wider) whatever ``omega``'s dtype; the
+    particles come back in its floating dtype (rounded into the ball once, at
+    the end) or as float32 for integer ``omega``.
   """
   hamiltonian_lib._check_data(omega, x, y)
+  n = x.shape[0]
+  if n < 2:
+    raise ValueError(f'x must hold at least 2 samples (the alignment averages over pairs '
+                     f'i != j), got {n} (shape {x.shape}).')
   _check_step_args(step_size, beta, radius, clip_norm)
+  _checks.check_nonnegative('lam', lam)
   _checks.check_nonnegative('softening', softening)
   _checks.check_nonnegative('tol', tol)
-  n = x.shape[0]
+  for name, a in (('omega', omega), ('x', x), ('y', y)):
+    _checks.check_finite(name, a)
   batch_size = n if batch_size is None else _checks.check_int('batch_size', batch_size, 2, n)
   num_epochs = _checks.check_int('num_epochs', num_epochs, 1)
   s = repulsion.resolve_exponent(s, omega.shape[-1])
-  return _run_langevin(
-      key, omega, x, y, lam, s, softening, step_size, beta, radius, clip_norm, tol,
-      feature_map=features.get_feature_map(feature_map), batch_size=batch_size,
+  dtype, out_dtype = particle_dtypes(omega.dtype)
+  omega, history = _run_langevin(
+      key, omega.astype(dtype), x, y, lam, s, softening, step_size, beta, radius, clip_norm,
+      tol, feature_map=features.get_feature_map(feature_map), batch_size=batch_size,
       num_epochs=num_epochs)
+  return round_into_ball(omega, radius, out_dtype), history
 
 
 @functools.partial(jax.jit, static_argnames=('feature_map', 'batch_size', 'num_epochs'))
@@ -275,7 +331,10 @@ def gibbs_resample(
     ``(samples [D, d], indices [D])``.
   """
   _checks.check_positive('beta', beta)
+  _checks.check_nonnegative('lam', lam)
   num_samples = _checks.check_int('num_samples', num_samples, 1)
+  for name, a in (('omega', omega), ('x', x), ('y', y)):
+    _checks.check_finite(name, a)
   u = hamiltonian_lib.particle_potentials(omega, x, y, feature_map=feature_map, lam=lam,
                                           s=s, softening=softening)
   u_min = jnp.min(u)
@@ -302,7 +361,11 @@ def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius:
   from ``fold_in(key, t)``, split over leaves. Meant as the particles' entry of
   ``optax.partition`` in Phase A. Returning a difference that ``apply_updates``
   adds back costs one more rounding than ``langevin_step``: a particle on the
-  sphere can end a few ulps outside the ball (float32: ~1e-7 relative).
+  sphere can end a few ulps outside the ball (float32: ~1e-7 relative). For
+  bf16/float16 particles the updates are float32 differences to the rounded new
+  particles (``apply_updates`` adds them in float32 and rounds back to the same
+  particles, inside the ball). Integer particles are refused: ``apply_updates``
+  would truncate the moved particles back to integers.
   """
   _check_step_args(step_size, beta, radius, clip_norm)
 
@@ -320,9 +383,18 @@ def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius:
     new_updates = []
     for k, p, g in zip(keys, leaves, grads):
       _checks.check_min_rank('params leaf', p, 2)
+      if not jnp.issubdtype(p.dtype, jnp.floating):
+        raise ValueError(f'params leaf of shape {p.shape} has dtype {p.dtype}: particles '
+                         f'must be floating (optax.apply_updates would truncate the moved '
+                         f'particles to {p.dtype}).')
+      _checks.check_finite('params leaf', p)
+      _checks.check_finite('updates leaf', g)
       new, _ = _move(k, p, g, step_size=step_size, beta=beta, radius=radius,
                      num_particles=p.shape[-2])
-      new_updates.append(new - p)
+      if new.dtype.itemsize < 4:   # bf16/float16: a float32 update lands on `new` exactly.
+        new_updates.append(new.astype(jnp.float32) - p.astype(jnp.float32))
+      else:
+        new_updates.append(new - p)
     return (jax.tree.unflatten(treedef, new_updates),
             LangevinState(count=optax.safe_increment(state.count), rng_key=state.rng_key))
 

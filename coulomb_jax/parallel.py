@@ -18,8 +18,12 @@ inputs ``x: [n, d]`` and labels ``y: [n]`` are replicated. One step:
   float rounding.
 
 ``sharded_langevin_step`` is the per-device body: call it inside ``jax.pmap``
-or ``jax.shard_map`` with the axis name of the particle axis.
-``langevin_step_on_mesh`` wraps it in ``jax.shard_map`` for global arrays.
+or ``jax.shard_map`` with the axis name of the particle axis (outside them, or
+with an axis name they do not bind, it raises a ValueError naming the axis).
+``langevin_step_on_mesh`` wraps it in ``jax.shard_map`` for global arrays and
+checks that ``axis_name`` is an axis of the mesh. Both work with
+``jax_enable_x64`` (index arithmetic keeps one integer dtype) and move particles
+of any real dtype as ``langevin.langevin_step`` does.
 """
 
 import functools
@@ -61,12 +65,21 @@ def sharded_langevin_step(
   """
   hamiltonian_lib._check_data(omega_shard, x, y)
   langevin._check_step_args(step_size, beta, radius, clip_norm)
+  _checks.check_nonnegative('lam', lam)
   _checks.check_nonnegative('softening', softening)
   fm = features.get_feature_map(feature_map)
   s = repulsion.resolve_exponent(s, omega_shard.shape[-1])
   m = omega_shard.shape[0]
-  num = m * jax.lax.psum(1, axis_name)
+  try:
+    num = m * jax.lax.psum(1, axis_name)
+  except NameError:
+    raise ValueError(
+        f'axis_name {axis_name!r} is not bound here: sharded_langevin_step must run inside '
+        f'jax.pmap or jax.shard_map over that axis (langevin_step_on_mesh does this for '
+        f'global arrays).') from None
   offset = jax.lax.axis_index(axis_name) * m
+  dtype, out_dtype = langevin.particle_dtypes(omega_shard.dtype)
+  omega_shard = omega_shard.astype(dtype)     # integer / bf16 particles: moved in float32
   omega_all = jax.lax.all_gather(omega_shard, axis_name, tiled=True)   # [N, d]
 
   def local_energy(w):
@@ -74,7 +87,8 @@ def sharded_langevin_step(
     if features.is_separable(fm):
       data = -(m / num) * alignment.target_alignment(fm(x, w), y)
     else:
-      full = jax.lax.dynamic_update_slice(omega_all, w, (offset, 0))
+      # One integer dtype for both indices (a literal 0 is int64 under jax_enable_x64).
+      full = jax.lax.dynamic_update_slice(omega_all, w, (offset, jnp.zeros_like(offset)))
       data = -alignment.target_alignment(fm(x, full), y)
     pot = repulsion.riesz_potential(w, jax.lax.stop_gradient(omega_all), s, softening,
                                     self_index_offset=offset)
@@ -84,7 +98,7 @@ def sharded_langevin_step(
   grad = langevin.clip_by_global_norm(grad, clip_norm, langevin.global_norm(grad, axis_name))
   new, _ = langevin._move(key, omega_shard, grad, step_size=step_size, beta=beta,
                           radius=radius, num_particles=num, row_offset=offset)
-  return new
+  return langevin.round_into_ball(new, radius, out_dtype)
 
 
 def langevin_step_on_mesh(
@@ -96,8 +110,14 @@ def langevin_step_on_mesh(
   ``omega: [N, d]`` is split into blocks along ``axis_name`` of ``mesh`` (N must
   be divisible by that axis' size); key, x and y are replicated. ``kwargs`` are
   those of ``sharded_langevin_step``. Returns the new ``[N, d]`` particles,
-  sharded the same way. Works with meshes of either axis type.
+  sharded the same way. Works with meshes of either axis type. Eager calls
+  refuse NaN/inf in ``omega``, ``x`` and ``y``.
   """
+  if axis_name not in mesh.axis_names:
+    raise ValueError(f'axis_name {axis_name!r} is not an axis of mesh; its axes are '
+                     f'{tuple(mesh.axis_names)}.')
+  for name, a in (('omega', omega), ('x', x), ('y', y)):
+    _checks.check_finite(name, a)
   size = mesh.shape[axis_name]
   if omega.shape[0] % size:
     raise ValueError(

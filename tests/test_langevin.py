@@ -2,6 +2,8 @@
 
 import math
 
+from absl.testing import parameterized
+import chex
 import hypothesis
 from hypothesis import strategies as st
 import jax
@@ -122,6 +124,50 @@ def test_bf16_particles_step_in_float32():
   assert o16.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(hist.hamiltonian)))
   # bf16 keeps 8 bits: |ω| < 4 rounds to within 2^-6 · 4.
   np.testing.assert_allclose(o16.astype(jnp.float32), o32, atol=0.07)
+
+
+def test_integer_particles_are_moved_in_float32_not_truncated():
+  ints = jnp.array([[1, 2], [3, -1]], jnp.int32)
+  grad = jnp.array([[0.25, 0.0], [0.0, 0.5]])
+  new = langevin.langevin_step(jax.random.key(0), ints, grad, step_size=0.1, beta=jnp.inf,
+                               radius=10.0)
+  chex.assert_type(new, jnp.float32)
+  chex.assert_trees_all_close(new, jnp.array([[0.95, 2.0], [3.0, -1.1]]), rtol=1e-6)
+  omega, x, y = _problem()
+  kw = dict(feature_map='rff', lam=0.5, step_size=0.01, beta=jnp.inf, radius=5.0)
+  rounded = jnp.round(2 * omega)
+  o_int, _ = langevin.run_langevin(jax.random.key(0), rounded.astype(jnp.int32), x, y, **kw)
+  o_f32, _ = langevin.run_langevin(jax.random.key(0), rounded, x, y, **kw)
+  chex.assert_type(o_int, jnp.float32)
+  chex.assert_trees_all_close(o_int, o_f32)
+  assert not np.allclose(o_int, np.round(o_int))                 # really moved, not truncated
+  tx = langevin.langevin_transform(jax.random.key(0), step_size=0.1, beta=1.0, radius=1.0)
+  with pytest.raises(ValueError, match='dtype int32: particles must be floating'):
+    tx.update(grad, tx.init(ints), ints)
+
+
+def test_bf16_particles_end_inside_the_ball():
+  # Rows pushed far outside: all are projected onto the sphere, where rounding to nearest in
+  # bf16 lands up to 2^-9 (0.2%) outside; rounding those rows toward zero keeps them in.
+  omega = jax.random.normal(jax.random.key(12), (256, 8)).astype(jnp.bfloat16)
+  grad = -jax.random.normal(jax.random.key(13), (256, 8))
+  radius = 1.0
+  norms = lambda a: np.linalg.norm(np.asarray(a, np.float64), axis=-1)
+  nearest = langevin.project_to_ball(
+      np.asarray(omega, np.float32) - 0.1 * 256 * np.asarray(grad), radius).astype(jnp.bfloat16)
+  assert norms(nearest).max() > radius * (1 + 1e-4)              # the failure this prevents
+  new = langevin.langevin_step(jax.random.key(0), omega, grad, step_size=0.1, beta=jnp.inf,
+                               radius=radius)
+  chex.assert_type(new, jnp.bfloat16)
+  assert norms(new).max() <= radius and norms(new).min() > radius * (1 - 2 ** -7)
+  # Inside the ball: round to nearest, as before.
+  inner = langevin.round_into_ball(jnp.full((2, 3), 0.1), radius, jnp.bfloat16)
+  chex.assert_trees_all_equal(inner, jnp.full((2, 3), 0.1, jnp.bfloat16))
+  # The optax form lands on the same particles.
+  tx = langevin.langevin_transform(jax.random.key(0), step_size=0.1, beta=jnp.inf,
+                                   radius=radius)
+  updates, _ = tx.update(grad, tx.init(omega), omega)
+  chex.assert_trees_all_equal(optax.apply_updates(omega, updates), new)
 
 
 def test_run_langevin_history_and_descent():
@@ -275,3 +321,37 @@ def test_global_norm_does_not_overflow_and_clipping_keeps_the_direction():
   np.testing.assert_allclose(clipped['a'], [[30 / 13, 40 / 13]], rtol=1e-5)
   np.testing.assert_allclose(clipped['b'], [120 / 13], rtol=1e-5)
   assert float(langevin.global_norm({'z': jnp.zeros(3)})) == 0.0
+
+
+class LangevinVariantsTest(chex.TestCase):
+  """The step with and without jit, float32 and x64 (pmapped: tests/test_parallel.py)."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_step_is_the_projected_update(self):
+    omega = 2.0 * jax.random.normal(jax.random.key(1), (8, 3))
+    grad = jax.random.normal(jax.random.key(2), (8, 3)) / 8
+    step = self.variant(lambda w, g: langevin.langevin_step(
+        jax.random.key(3), w, g, step_size=0.1, beta=jnp.inf, radius=2.5))
+    new = step(omega, grad)
+    moved = np.asarray(omega) - 0.8 * np.asarray(grad)
+    expected = moved * np.minimum(1.0, 2.5 / np.linalg.norm(moved, axis=-1, keepdims=True))
+    chex.assert_shape(new, (8, 3))
+    chex.assert_trees_all_close(new, expected, rtol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(jnp.float32, jnp.float64)
+  def test_run_and_transform_under_x64(self, dtype):
+    with jax.enable_x64(True):
+      omega, x, y = _problem()
+      omega, x = omega.astype(dtype), x.astype(dtype)
+      run = self.variant(lambda w: langevin.run_langevin(
+          jax.random.key(0), w, x, y, feature_map='softmaxfeat', lam=0.5, step_size=0.02,
+          beta=100.0, radius=1.5, batch_size=20))
+      final, hist = run(omega)
+      chex.assert_type(final, dtype)
+      assert np.all(np.linalg.norm(final, axis=-1) <= 1.5)
+      assert np.all(np.isfinite(hist.hamiltonian))
+      tx = langevin.langevin_transform(jax.random.key(0), step_size=0.1, beta=1.0,
+                                       radius=1.5)
+      updates, _ = self.variant(tx.update)(omega, tx.init(omega), omega)
+      chex.assert_type(updates, dtype)

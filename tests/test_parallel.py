@@ -12,7 +12,8 @@ import pytest
 from coulomb_jax import parallel
 
 _SCRIPT = textwrap.dedent('''
-    import math
+    import math, unittest
+    import chex
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import AxisType, Mesh
     import coulomb_jax as cj
@@ -65,6 +66,54 @@ _SCRIPT = textwrap.dedent('''
             err = float(jnp.max(jnp.abs(out - ref)))
             assert err < 1e-5, ('shard_map', axis_type, case['feature_map'], err)
         print('ok', case['feature_map'])
+
+    # jax_enable_x64: softmaxfeat's dynamic_update_slice mixed an int32 offset with an int64 0.
+    case = cases[2]
+    with jax.enable_x64(True):
+        kw = dict(case, step_size=0.05)
+        energy = dict(feature_map=kw['feature_map'], lam=kw['lam'], s=kw['s'])
+        grad = jax.grad(lambda w: hl.hamiltonian(w, x, y, **energy))(omega)
+        ref = cj.langevin_step(key, omega, grad, step_size=0.05, beta=kw['beta'],
+                               radius=kw['radius'], clip_norm=kw['clip_norm'])
+        mesh = jax.make_mesh((8,), ('p',), axis_types=(AxisType.Explicit,))
+        out = parallel.langevin_step_on_mesh(key, omega, x, y, mesh=mesh, axis_name='p', **kw)
+        assert out.dtype == jnp.float32
+        err = float(jnp.max(jnp.abs(out - ref)))
+        assert err < 1e-5, ('x64', err)
+        print('ok x64')
+
+
+    class PmapVariantsTest(chex.TestCase):
+        """chex's pmap variant on the 8 fake CPU devices."""
+
+        @chex.variants(with_pmap=True)
+        def test_sharded_step_equals_one_device_step(self):
+            kw = dict(cases[3], step_size=0.05)
+            energy = dict(feature_map=kw['feature_map'], lam=kw['lam'], s=kw['s'])
+            grad = jax.grad(lambda w: hl.hamiltonian(w, x, y, **energy))(omega)
+            ref = cj.langevin_step(key, omega, grad, step_size=0.05, beta=kw['beta'],
+                                   radius=kw['radius'], clip_norm=kw['clip_norm'])
+            step = self.variant(
+                lambda k, w: parallel.sharded_langevin_step(k, w, x, y, axis_name='i', **kw),
+                broadcast_args_to_devices=False, in_axes=(None, 0), reduce_fn='identity')
+            out = step(key, omega.reshape(8, 4, 4))
+            chex.assert_shape(out, (8, 4, 4))
+            chex.assert_trees_all_close(out.reshape(32, 4), ref, atol=1e-5)
+
+        @chex.variants(with_pmap=True)
+        def test_bf16_particles_stay_bf16_and_inside_the_ball(self):
+            kw = dict(cases[3], step_size=0.05)
+            step = self.variant(
+                lambda k, w: parallel.sharded_langevin_step(k, w, x, y, axis_name='i', **kw),
+                broadcast_args_to_devices=False, in_axes=(None, 0), reduce_fn='identity')
+            out = step(key, (3.0 * omega).astype(jnp.bfloat16).reshape(8, 4, 4))
+            chex.assert_type(out, jnp.bfloat16)
+            norms = np.linalg.norm(np.asarray(out, np.float64), axis=-1)
+            assert norms.max() <= kw['radius'], norms.max()
+
+
+    result = unittest.main(argv=['pmap_variants'], exit=False, verbosity=2).result
+    assert result.wasSuccessful() and not result.skipped, (result.failures, result.skipped)
     print('all ok')
 ''')
 
