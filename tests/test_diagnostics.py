@@ -5,10 +5,16 @@ Statistical tolerances are |bias| + 4σ, with the bias and the standard deviatio
 used here, or derived analytically where noted. Data come from fixed numpy
 seeds (no per-shape compilation of the JAX PRNG: keeps the file fast on CPU),
 directions from fixed JAX keys, so the tests are deterministic.
+
+The exact-value tests run as ``chex.variants`` with and without jit; with
+``COULOMB_JAX_TEST_PMAP=1`` (and several CPU devices) they run under pmap instead
+(tests/test_hamiltonian.py::test_core_variants_under_pmap_on_four_cpu_devices).
 """
 
 import math
+import os
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,11 +24,12 @@ from scipy import special
 from coulomb_jax import diagnostics
 from coulomb_jax import features
 
+_PMAP = os.environ.get('COULOMB_JAX_TEST_PMAP') == '1'
+variants = chex.variants(with_jit=not _PMAP, without_jit=not _PMAP, with_pmap=_PMAP)
+
 _entropy = jax.jit(diagnostics.knn_entropy, static_argnames='k')
 _batched_entropy = jax.jit(jax.vmap(diagnostics.knn_entropy))
 _sw = jax.jit(diagnostics.sliced_wasserstein, static_argnames='num_projections')
-_spread = jax.jit(diagnostics.kernel_spread)
-_spread_k = jax.jit(diagnostics.kernel_spread_from_kernels)
 
 
 def _normal(seed, shape):
@@ -47,51 +54,88 @@ def test_entropy_of_uniform_square():
   assert abs(float(jnp.mean(_batched_entropy(clouds))) - 2 * math.log(a)) < 0.06
 
 
-def test_entropy_matches_formula_scaling_and_duplicates():
-  x = _normal(11, (300, 3))
-  # Brute force in float64, k = 2.
-  x64 = np.asarray(x, np.float64)
-  dist = np.sqrt(((x64[:, None] - x64[None]) ** 2).sum(-1)) + np.diag(np.full(300, np.inf))
-  eps = np.sort(dist, axis=1)[:, 1]
-  expected = (special.digamma(300) - special.digamma(2) + 1.5 * math.log(math.pi)
-              - special.gammaln(2.5) + 3 * np.mean(np.log(eps)))
-  np.testing.assert_allclose(_entropy(x, k=2), expected, atol=1e-4)
-  h = _entropy(x)
-  for c in (2.0, 0.1, 7.0):   # ĥ(c·x) = ĥ(x) + d log c, exactly up to rounding.
-    np.testing.assert_allclose(_entropy(c * x) - h, 3 * math.log(c), atol=2e-5)
-  np.testing.assert_allclose(_entropy(x + 5.0), h, atol=1e-4)       # translation
-  np.testing.assert_allclose(_entropy(x[::-1]), h, atol=1e-5)       # permutation
-  assert h.dtype == jnp.float32
-  # Coincident points: finite, and far below the entropy of the clean cloud.
-  dup = _entropy(jnp.concatenate([x, x[:10]]))
-  assert np.isfinite(dup) and dup < h - 1.0
-  assert np.isfinite(_entropy(jnp.zeros((5, 2))))
+class DiagnosticsVariantsTest(chex.TestCase):
 
+  @variants
+  def test_entropy_matches_formula_scaling_and_duplicates(self):
+    x = _normal(11, (300, 3))
+    # Brute force in float64, k = 2.
+    x64 = np.asarray(x, np.float64)
+    dist = np.sqrt(((x64[:, None] - x64[None]) ** 2).sum(-1)) + np.diag(np.full(300, np.inf))
+    eps = np.sort(dist, axis=1)[:, 1]
+    expected = (special.digamma(300) - special.digamma(2) + 1.5 * math.log(math.pi)
+                - special.gammaln(2.5) + 3 * np.mean(np.log(eps)))
+    entropy = self.variant(diagnostics.knn_entropy)
+    chex.assert_trees_all_close(
+        self.variant(lambda p: diagnostics.knn_entropy(p, k=2))(x), jnp.float32(expected),
+        atol=1e-4)
+    h = entropy(x)
+    chex.assert_shape(h, ())
+    chex.assert_type(h, jnp.float32)
+    for c in (2.0, 0.1, 7.0):   # ĥ(c·x) = ĥ(x) + d log c, exactly up to rounding.
+      chex.assert_trees_all_close(entropy(c * x) - h, jnp.float32(3 * math.log(c)), atol=2e-5)
+    chex.assert_trees_all_close(entropy(x + 5.0), h, atol=1e-4)       # translation
+    chex.assert_trees_all_close(entropy(x[::-1]), h, atol=1e-5)       # permutation
+    # Coincident points: finite, and far below the entropy of the clean cloud.
+    dup = entropy(jnp.concatenate([x, x[:10]]))
+    chex.assert_tree_all_finite(dup)
+    assert dup < h - 1.0
+    chex.assert_tree_all_finite(entropy(jnp.zeros((5, 2))))
 
-def test_free_energy():
-  x = _normal(13, (300, 3))
-  h = _entropy(x)
-  np.testing.assert_allclose(diagnostics.free_energy(1.25, x, beta=4.0), 1.25 - h / 4.0,
-                             rtol=1e-6)
-  np.testing.assert_allclose(diagnostics.free_energy(jnp.float32(-2.0), x, 0.5, k=2),
-                             -2.0 - 2.0 * _entropy(x, k=2), rtol=1e-6)
-  assert float(diagnostics.free_energy(1.25, x, beta=math.inf)) == 1.25
-  traced = jax.jit(diagnostics.free_energy)(1.25, x, 4.0)   # β traced: no check, same value
-  np.testing.assert_allclose(traced, 1.25 - h / 4.0, rtol=1e-5)
+  @variants
+  def test_free_energy(self):
+    x = _normal(13, (300, 3))
+    h = _entropy(x)
+    f = self.variant(lambda e, p: diagnostics.free_energy(e, p, beta=4.0))(jnp.float32(1.25), x)
+    chex.assert_shape(f, ())
+    chex.assert_trees_all_close(f, 1.25 - h / 4.0, rtol=1e-6)
+    f2 = self.variant(lambda e, p: diagnostics.free_energy(e, p, 0.5, k=2))(jnp.float32(-2.0), x)
+    chex.assert_trees_all_close(f2, -2.0 - 2.0 * _entropy(x, k=2), rtol=1e-6)
+    cold = self.variant(lambda e, p: diagnostics.free_energy(e, p, beta=math.inf))
+    assert float(cold(jnp.float32(1.25), x)) == 1.25
+    traced = jax.jit(diagnostics.free_energy)(1.25, x, 4.0)   # β traced: no check, same value
+    np.testing.assert_allclose(traced, 1.25 - h / 4.0, rtol=1e-5)
 
+  @variants
+  def test_sliced_wasserstein_zero_symmetric_and_exact_in_1d(self):
+    key = jax.random.key(14)
+    a = _normal(14, (100, 4))
+    b = 2.0 * _normal(15, (200, 4)) + 1.0
+    sw = self.variant(lambda p, q: diagnostics.sliced_wasserstein(key, p, q))
+    zero = sw(a, a)
+    chex.assert_shape(zero, ())
+    assert float(zero) == 0.0
+    assert float(sw(a, jnp.concatenate([a, a[::-1]]))) < 1e-5   # N vs 2N, same measure
+    chex.assert_trees_all_close(sw(a, b), sw(b, a), rtol=1e-6)
+    # d = 1 (every direction is ±1): exact W₂ on the lcm(6, 4) = 12-step quantile grid.
+    a1, b1 = np.sort(np.asarray(a[:6, 0], np.float64)), np.sort(np.asarray(b[:4, 0], np.float64))
+    t = (np.arange(12) + 0.5) / 12
+    w2 = np.sqrt(np.mean((a1[(t * 6).astype(int)] - b1[(t * 4).astype(int)]) ** 2))
+    sw_1d = self.variant(lambda p, q: diagnostics.sliced_wasserstein(key, p, q,
+                                                                     num_projections=3))
+    chex.assert_trees_all_close(sw_1d(a[:6, :1], b[:4, :1]), jnp.float32(w2), rtol=1e-5)
 
-def test_sliced_wasserstein_zero_symmetric_and_exact_in_1d():
-  key = jax.random.key(14)
-  a = _normal(14, (100, 4))
-  b = 2.0 * _normal(15, (200, 4)) + 1.0
-  assert float(_sw(key, a, a)) == 0.0
-  assert float(_sw(key, a, jnp.concatenate([a, a[::-1]]))) < 1e-5   # N vs 2N, same measure
-  np.testing.assert_allclose(_sw(key, a, b), _sw(key, b, a), rtol=1e-6)
-  # d = 1 (every direction is ±1): exact W₂ on the lcm(6, 4) = 12-step quantile grid.
-  a1, b1 = np.sort(np.asarray(a[:6, 0], np.float64)), np.sort(np.asarray(b[:4, 0], np.float64))
-  t = (np.arange(12) + 0.5) / 12
-  w2 = np.sqrt(np.mean((a1[(t * 6).astype(int)] - b1[(t * 4).astype(int)]) ** 2))
-  np.testing.assert_allclose(_sw(key, a[:6, :1], b[:4, :1], num_projections=3), w2, rtol=1e-5)
+  @variants
+  def test_kernel_spread_known_values(self):
+    spread, spread_k = self.variant(diagnostics.kernel_spread), self.variant(
+        diagnostics.kernel_spread_from_kernels)
+    phi = _normal(19, (10, 5))
+    assert float(spread(jnp.stack([phi, phi, phi]))) < 1e-6   # 0 up to rounding of the mean
+    # One input, kernels 1 and 3: mean 2, deviations ±1, so σ_K = 1/2.
+    chex.assert_trees_all_close(spread(jnp.array([[[1.0]], [[math.sqrt(3.0)]]])),
+                                jnp.float32(0.5), rtol=1e-6)
+    # K and 3K: σ_K = 1/2 for any n; I and −I have mean 0: ∞; all zero: 0.
+    eye = jnp.eye(4)
+    chex.assert_trees_all_close(spread_k(jnp.stack([eye, 3 * eye])), jnp.float32(0.5),
+                                rtol=1e-6)
+    assert spread_k(jnp.stack([eye, -eye])) == jnp.inf
+    assert spread_k(jnp.zeros((2, 4, 4))) == 0.0
+    # The feature form equals the kernel form and is scale invariant.
+    phis = _normal(20, (5, 12, 7))
+    s = spread(phis)
+    chex.assert_shape(s, ())
+    chex.assert_trees_all_close(s, spread_k(jnp.einsum('snf,smf->snm', phis, phis)), rtol=1e-5)
+    chex.assert_trees_all_close(spread(3.0 * phis), s, rtol=1e-5)
 
 
 def test_sliced_wasserstein_of_a_mean_shift():
@@ -128,24 +172,6 @@ def test_sliced_wasserstein_shrinks_with_n():
     keys = jax.random.split(jax.random.key(n), 4)
     return float(jnp.mean(batched(keys, _normal(n, (4, n, 2)), _normal(n + 1, (4, 2 * n, 2)))))
   assert mean_sw(64) > 1.5 * mean_sw(1024)
-
-
-def test_kernel_spread_known_values():
-  phi = _normal(19, (10, 5))
-  assert float(_spread(jnp.stack([phi, phi, phi]))) < 1e-6   # 0 up to rounding of the mean
-  # One input, kernels 1 and 3: mean 2, deviations ±1, so σ_K = 1/2.
-  np.testing.assert_allclose(_spread(jnp.array([[[1.0]], [[math.sqrt(3.0)]]])), 0.5, rtol=1e-6)
-  # K and 3K: σ_K = 1/2 for any n; I and −I have mean 0: ∞; all zero: 0.
-  eye = jnp.eye(4)
-  np.testing.assert_allclose(_spread_k(jnp.stack([eye, 3 * eye])), 0.5, rtol=1e-6)
-  assert _spread_k(jnp.stack([eye, -eye])) == jnp.inf
-  assert _spread_k(jnp.zeros((2, 4, 4))) == 0.0
-  # The feature form equals the kernel form and is scale invariant.
-  phis = _normal(20, (5, 12, 7))
-  spread = _spread(phis)
-  np.testing.assert_allclose(spread, _spread_k(jnp.einsum('snf,smf->snm', phis, phis)),
-                             rtol=1e-5)
-  np.testing.assert_allclose(_spread(3.0 * phis), spread, rtol=1e-5)
 
 
 def test_kernel_spread_of_random_features_shrinks_like_one_over_sqrt_n():

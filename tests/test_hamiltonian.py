@@ -1,5 +1,17 @@
-"""Tests of coulomb_jax.hamiltonian."""
+"""Tests of coulomb_jax.hamiltonian.
 
+The value tests run as ``chex.variants`` with and without jit; with
+``COULOMB_JAX_TEST_PMAP=1`` (and several CPU devices) they run under pmap instead:
+``test_core_variants_under_pmap_on_four_cpu_devices`` does that for the variant
+tests of alignment, repulsion, hamiltonian, diagnostics and importance_sampling,
+in a subprocess with 4 fake CPU devices.
+"""
+
+import os
+import subprocess
+import sys
+
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +22,10 @@ from coulomb_jax import features
 from coulomb_jax import hamiltonian as hl
 from coulomb_jax import repulsion
 
+_PMAP = os.environ.get('COULOMB_JAX_TEST_PMAP') == '1'
+variants = chex.variants(with_jit=not _PMAP, without_jit=not _PMAP, with_pmap=_PMAP)
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+
 
 def _problem(num_particles=10, n=30, d=3):
   ko, kx = jax.random.split(jax.random.key(0))
@@ -19,16 +35,54 @@ def _problem(num_particles=10, n=30, d=3):
   return omega, x, y
 
 
-def test_hamiltonian_is_minus_alignment_plus_lam_repulsion():
-  omega, x, y = _problem()
-  h, terms = hl.hamiltonian_terms(omega, x, y, feature_map='rff', lam=0.7, s=1.0)
-  a = alignment.target_alignment(features.rff(x, omega), y)
-  w = repulsion.riesz_energy(omega, 1.0)
-  np.testing.assert_allclose(terms['alignment'], a, rtol=1e-6)
-  np.testing.assert_allclose(terms['repulsion'], w, rtol=1e-6)
-  np.testing.assert_allclose(h, -a + 0.7 * w, rtol=1e-6)
-  by_fn = hl.hamiltonian(omega, x, y, feature_map=features.rff, lam=0.7, s=1.0)
-  np.testing.assert_allclose(by_fn, h, rtol=1e-6)
+class HamiltonianVariantsTest(chex.TestCase):
+
+  @variants
+  def test_hamiltonian_is_minus_alignment_plus_lam_repulsion(self):
+    if self.variant.type == chex.ChexVariantType.WITH_PMAP:   # a real pmap, over all devices
+      assert jax.device_count() == 4, jax.devices()
+    omega, x, y = _problem()
+    h, terms = self.variant(lambda w, a, b: hl.hamiltonian_terms(
+        w, a, b, feature_map='rff', lam=0.7, s=1.0))(omega, x, y)
+    chex.assert_shape([h, terms['alignment'], terms['repulsion']], ())
+    chex.assert_type([h, terms['alignment'], terms['repulsion']], jnp.float32)
+    a = alignment.target_alignment(features.rff(x, omega), y)
+    w = repulsion.riesz_energy(omega, 1.0)
+    chex.assert_trees_all_close({'alignment': terms['alignment'], 'repulsion': terms['repulsion']},
+                                {'alignment': a, 'repulsion': w}, rtol=1e-6)
+    chex.assert_trees_all_close(h, -a + 0.7 * w, rtol=1e-6)
+    by_fn = self.variant(lambda w, a, b: hl.hamiltonian(w, a, b, feature_map=features.rff,
+                                                        lam=0.7, s=1.0))(omega, x, y)
+    chex.assert_trees_all_close(by_fn, h, rtol=1e-6)
+
+  @variants
+  def test_particle_potentials_average_to_the_energy_terms(self):
+    """mean_k U_k = −A + 2λW (the factor 2 counts both orders of a pair)."""
+    omega, x, y = _problem()
+    kwargs = dict(feature_map='rff', lam=0.4, s='coulomb')
+    u = self.variant(lambda w, a, b: hl.particle_potentials(w, a, b, **kwargs))(omega, x, y)
+    chex.assert_shape(u, (10,))
+    chex.assert_type(u, jnp.float32)
+    _, terms = hl.hamiltonian_terms(omega, x, y, **kwargs)
+    chex.assert_trees_all_close(jnp.mean(u), -terms['alignment'] + 0.8 * terms['repulsion'],
+                                rtol=1e-5, atol=1e-6)
+
+
+def test_core_variants_under_pmap_on_four_cpu_devices():
+  """The chex variant tests of the core modules, as the pmap variant on 4 fake CPU devices."""
+  files = [os.path.join(_ROOT, 'tests', f'test_{m}.py')
+           for m in ('alignment', 'repulsion', 'hamiltonian', 'diagnostics',
+                     'importance_sampling')]
+  env = dict(os.environ, COULOMB_JAX_TEST_PMAP='1', JAX_PLATFORMS='cpu',
+             XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+                       '--xla_force_host_platform_device_count=4')
+  proc = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                         '-p', 'no:xdist', '-k', 'VariantsTest', *files], cwd=_ROOT, env=env,
+                        capture_output=True, text=True, timeout=600, check=False)
+  tail = proc.stdout[-3000:]
+  assert proc.returncode == 0, tail
+  summary = tail.strip().splitlines()[-1]
+  assert 'passed' in summary and 'skipped' not in summary and 'failed' not in summary, summary
 
 
 @pytest.mark.parametrize('name', sorted(features.FEATURE_MAPS))

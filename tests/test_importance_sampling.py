@@ -1,5 +1,14 @@
-"""Tests of coulomb_jax.importance_sampling: the χ²-ball LP, features, resampling, bad input."""
+"""Tests of coulomb_jax.importance_sampling: the χ²-ball LP, features, resampling, bad input.
 
+The value tests of ``ImportanceSamplingVariantsTest`` run as ``chex.variants`` with and
+without jit; with ``COULOMB_JAX_TEST_PMAP=1`` (and several CPU devices) they run under
+pmap instead (tests/test_hamiltonian.py::test_core_variants_under_pmap_on_four_cpu_devices).
+"""
+
+import os
+
+from absl.testing import parameterized
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +17,9 @@ import pytest
 from scipy import optimize
 
 from coulomb_jax import importance_sampling as isl
+
+_PMAP = os.environ.get('COULOMB_JAX_TEST_PMAP') == '1'
+variants = chex.variants(with_jit=not _PMAP, without_jit=not _PMAP, with_pmap=_PMAP)
 
 
 def _normal(seed, shape):
@@ -46,17 +58,33 @@ def _brute_force(v, rho, num_starts=20, seed=0):
   return best
 
 
-@pytest.mark.parametrize('rho_per_nw', [1e-9, 1e-4, 0.005, 0.2, 1e3])
-@pytest.mark.parametrize('kind', ['normal', 'squares'])
-def test_solve_weights_in_simplex_and_ball(rho_per_nw, kind):
-  nw = 500
-  for seed in range(3):
-    v = _normal(seed, nw)
-    if kind == 'squares':   # the scores of importance_sample: non-negative, heavy tailed
-      v = v ** 2
-    q = isl.solve_weights(v, rho_per_nw * nw)
-    assert q.shape == (nw,) and q.dtype == jnp.float32
-    _check_feasible(q, rho_per_nw * nw)
+class ImportanceSamplingVariantsTest(chex.TestCase):
+
+  @variants
+  @parameterized.product(rho_per_nw=(1e-9, 1e-4, 0.005, 0.2, 1e3), kind=('normal', 'squares'))
+  def test_solve_weights_in_simplex_and_ball(self, rho_per_nw, kind):
+    nw = 500
+    solve = self.variant(isl.solve_weights)     # ρ traced: one compilation for every case
+    for seed in range(3):
+      v = _normal(seed, nw)
+      if kind == 'squares':   # the scores of importance_sample: non-negative, heavy tailed
+        v = v ** 2
+      q = solve(jnp.asarray(v), jnp.float32(rho_per_nw * nw))
+      chex.assert_shape(q, (nw,))
+      chex.assert_type(q, jnp.float32)
+      _check_feasible(q, rho_per_nw * nw)
+
+  @variants
+  def test_cosine_features_shapes_and_values(self):
+    x, w = jnp.asarray(_normal(30, (6, 3))), jnp.asarray(_normal(31, (5, 3)))
+    b = jnp.linspace(0.0, 2 * np.pi, 5, endpoint=False)
+    phi = self.variant(isl.cosine_features)(x, w, b)
+    chex.assert_shape(phi, (6, 5))
+    chex.assert_type(phi, jnp.float32)
+    # √(2/D)·cos(wᵀx + b), D = 5 features.
+    want = np.sqrt(2 / 5) * np.cos(np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+                                   + np.asarray(b, np.float64))
+    chex.assert_trees_all_close(phi, jnp.asarray(want, jnp.float32), atol=1e-6)
 
 
 @pytest.mark.parametrize('nw', [3, 4])

@@ -1,8 +1,14 @@
-"""Tests of coulomb_jax.metrics: cross-checks against scikit-learn."""
+"""Tests of coulomb_jax.metrics: cross-checks against scikit-learn.
+
+The metrics are host functions (numpy, float64), not traced: ``chex.variants`` here
+checks that they read the outputs of a jitted and of an eager JAX model alike.
+"""
 
 import math
 import warnings
 
+import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -178,6 +184,23 @@ def test_ece_hand_computed():
 def test_ece_perfectly_calibrated_certain_predictions():
   y = np.array([0, 1, 1, 0])
   assert metrics.ece(y, y.astype(float)) == 0.0
+
+
+class MetricsVariantsTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_metrics_of_jax_model_outputs(self):
+    y, p = _sample(10, 64, 0.5, None)
+    logits = jnp.asarray(np.log(p) - np.log1p(-p), jnp.float32)
+    probs = self.variant(jax.nn.sigmoid)(logits)
+    chex.assert_shape(probs, (64,))
+    chex.assert_type(probs, jnp.float32)
+    got = metrics.classification_metrics(y, probs)
+    host = np.asarray(probs, np.float64)
+    assert got == metrics.classification_metrics(y, host)
+    assert got['accuracy'] == pytest.approx(skm.accuracy_score(y, host >= 0.5), abs=TOL)
+    assert got['roc_auc'] == pytest.approx(skm.roc_auc_score(y, host), abs=TOL)
+    assert got['brier'] == pytest.approx(skm.brier_score_loss(y, host), abs=TOL)
 
 
 def test_classification_metrics_keys_and_types():

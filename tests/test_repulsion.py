@@ -1,5 +1,14 @@
-"""Tests of coulomb_jax.repulsion."""
+"""Tests of coulomb_jax.repulsion.
 
+The value tests run as ``chex.variants`` with and without jit; with
+``COULOMB_JAX_TEST_PMAP=1`` (and several CPU devices) they run under pmap instead
+(tests/test_hamiltonian.py::test_core_variants_under_pmap_on_four_cpu_devices).
+"""
+
+import os
+
+from absl.testing import parameterized
+import chex
 import jax
 import jax.numpy as jnp
 from jax import test_util
@@ -7,6 +16,9 @@ import numpy as np
 import pytest
 
 from coulomb_jax import repulsion
+
+_PMAP = os.environ.get('COULOMB_JAX_TEST_PMAP') == '1'
+variants = chex.variants(with_jit=not _PMAP, without_jit=not _PMAP, with_pmap=_PMAP)
 
 
 def _brute_force(omega, s, eps):
@@ -22,24 +34,47 @@ def _brute_force(omega, s, eps):
   return total / n ** 2
 
 
-@pytest.mark.parametrize('s, dim', [(0.0, 3), (1.0, 3), (2.5, 4), ('coulomb', 5),
-                                    ('coulomb', 2)])
-def test_energy_equals_pair_sum(s, dim):
-  omega = jax.random.normal(jax.random.key(0), (17, dim))
-  for eps in (0.1, repulsion.DEFAULT_SOFTENING):
-    np.testing.assert_allclose(repulsion.riesz_energy(omega, s, eps),
-                               _brute_force(omega, s, eps), rtol=2e-5, atol=1e-6)
+def _normal(seed, shape):
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
-def test_symmetric_and_permutation_invariant():
-  omega = jax.random.normal(jax.random.key(1), (12, 4))
-  e = repulsion.riesz_energy(omega, 1.5)
-  perm = jax.random.permutation(jax.random.key(2), 12)
-  np.testing.assert_allclose(repulsion.riesz_energy(omega[perm], 1.5), e, rtol=1e-6)
-  two = omega[:2]
-  np.testing.assert_allclose(repulsion.riesz_potential(two[:1], two[1:], 1.5),
-                             repulsion.riesz_potential(two[1:], two[:1], 1.5), rtol=1e-6)
-  np.testing.assert_allclose(repulsion.riesz_energy(-omega, 1.5), e, rtol=1e-6)
+class RepulsionVariantsTest(chex.TestCase):
+
+  @variants
+  @parameterized.parameters((0.0, 3), (1.0, 3), (2.5, 4), ('coulomb', 5), ('coulomb', 2))
+  def test_energy_equals_pair_sum(self, s, dim):
+    omega = _normal(0, (17, dim))
+    for eps in (0.1, repulsion.DEFAULT_SOFTENING):
+      e = self.variant(lambda w, eps=eps: repulsion.riesz_energy(w, s, eps))(omega)
+      chex.assert_shape(e, ())
+      chex.assert_type(e, jnp.float32)
+      chex.assert_trees_all_close(e, jnp.float32(_brute_force(omega, s, eps)), rtol=2e-5,
+                                  atol=1e-6)
+
+  @variants
+  def test_symmetric_and_permutation_invariant(self):
+    omega = _normal(1, (12, 4))
+    energy = self.variant(lambda w: repulsion.riesz_energy(w, 1.5))
+    e = energy(omega)
+    perm = np.random.default_rng(2).permutation(12)
+    chex.assert_trees_all_close(energy(omega[perm]), e, rtol=1e-6)
+    chex.assert_trees_all_close(energy(-omega), e, rtol=1e-6)
+    two = omega[:2]
+    potential = self.variant(lambda a, b: repulsion.riesz_potential(a, b, 1.5))
+    u = potential(two[:1], two[1:])
+    chex.assert_shape(u, (1,))
+    chex.assert_trees_all_close(u, potential(two[1:], two[:1]), rtol=1e-6)
+
+  @variants
+  def test_potential_mean_is_energy_and_blocks_compose(self):
+    omega = _normal(5, (12, 3))
+    potential = lambda offset: self.variant(
+        lambda a, w: repulsion.riesz_potential(a, w, 1.0, self_index_offset=offset))
+    u = potential(0)(omega, omega)
+    chex.assert_shape(u, (12,))
+    chex.assert_trees_all_close(jnp.mean(u), repulsion.riesz_energy(omega, 1.0), rtol=1e-6)
+    blocks = [potential(i)(omega[i:i + 4], omega) for i in (0, 4, 8)]
+    chex.assert_trees_all_close(jnp.concatenate(blocks), u, rtol=1e-6)
 
 
 @pytest.mark.parametrize('s', [0.0, 1.0, 'coulomb'])
@@ -65,15 +100,6 @@ def test_finite_for_all_s_coincident_particles_and_high_dim():
   # The largest possible value, eps^-s for coincident pairs, is representable.
   e = repulsion.riesz_energy(jnp.zeros((4, d)), 62.0)
   np.testing.assert_allclose(e, (3 / 4) * repulsion.DEFAULT_SOFTENING ** -62.0, rtol=1e-5)
-
-
-def test_potential_mean_is_energy_and_blocks_compose():
-  omega = jax.random.normal(jax.random.key(5), (12, 3))
-  u = repulsion.riesz_potential(omega, omega, 1.0, self_index_offset=0)
-  np.testing.assert_allclose(jnp.mean(u), repulsion.riesz_energy(omega, 1.0), rtol=1e-6)
-  blocks = [repulsion.riesz_potential(omega[i:i + 4], omega, 1.0, self_index_offset=i)
-            for i in (0, 4, 8)]
-  np.testing.assert_allclose(jnp.concatenate(blocks), u, rtol=1e-6)
 
 
 def test_jit_and_vmap_over_exponent():
