@@ -28,7 +28,8 @@ A Kernel-X Phase A stage also measures whether its particles learn, into
   onto the ball (what Ball-X trains with), of the learned ones, and of the
   particles the same stage learns from shuffled training labels (the null, when
   ``phase_a.null_run``); the particles' median displacement next to that of a
-  noise-only projected walk of the same length.
+  noise-only projected walk of the same length, and the fraction of particles
+  strictly inside the ball (not pinned to its sphere).
 """
 
 import dataclasses
@@ -522,6 +523,9 @@ def _stage_summary(run, index, stage, cal, heldout, step_fn, opt, table, steps, 
              'gibbs_tilt': cal['beta'] * cal['median_potential_range'],
              'calibration_seconds': cal['seconds'],
              'displacement': median(moved(ball), moved(learned)),
+             'inside_fraction': float(np.mean(np.concatenate([
+                 np.asarray(jnp.linalg.norm(w, axis=-1)).ravel() < (1 - 1e-3) * a.radius
+                 for w in moved(learned).values()]))),
              'random_walk_displacement': median(moved(ball), walk),
              'histograms': {'drift_to_noise': hist_d.counts.tolist(),
                             'repulsion_to_alignment': hist_f.counts.tolist()}}
@@ -586,6 +590,7 @@ def phase_a_report(workdir: str) -> Optional[dict]:
           'repulsion_to_alignment': hist['repulsion_to_alignment'].median(),
           'gibbs_tilt': med('gibbs_tilt'), 'displacement': med('displacement'),
           'random_walk_displacement': med('random_walk_displacement'),
+          'inside_fraction': float(np.mean([s['inside_fraction'] for s in stages])),
           'heldout_alignment': {k: mean(k, 'alignment') for k in which},
           'heldout_centered_alignment': {k: mean(k, 'centered_alignment') for k in which},
           'stages': [{k: v for k, v in s.items() if k != 'histograms'} for s in stages]}

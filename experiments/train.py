@@ -461,13 +461,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   with a checkpoint, as a preempted job would (for time-boxed sessions; tests
   use it to check that resuming changes nothing).
   """
+  meta = meta or provenance.run_metadata('experiments.train')
+  run, sessions = setup_run(config, workdir, meta, stop_after_steps=stop_after_steps)
+  for index in range(int(run.ckpt['stage']), len(run.stages)):
+    if not stages.run_stage(run, index) or (run.out_of_time() and index + 1 < len(run.stages)):
+      return None
+  return _finish(run, meta, sessions)
+
+
+def setup_run(config: ml_collections.ConfigDict, workdir: str, meta: dict, *,
+              stop_after_steps: Optional[int] = None):
+  """Checks, data, model, optimisers and the restored state of a run: ``(stages.Run,
+  sessions)``, ready for ``stages.run_stage`` from ``run.ckpt['stage']`` on."""
   check_config(config, jax.device_count())
   if config.run.prefix_from and not os.path.isfile(
       os.path.join(config.run.prefix_from, 'config.json')):
     raise ValueError(f'config.run.prefix_from: {config.run.prefix_from!r} is not a run folder '
                      '(no config.json).')
   _check_workdir(config, workdir)
-  meta = meta or provenance.run_metadata('experiments.train')
   sessions = _record_session(workdir, meta)
   if config.run.prefix_from and not os.path.exists(os.path.join(workdir, 'tokenizer.json')):
     source = os.path.join(config.run.prefix_from, 'tokenizer.json')   # The prefix's own.
@@ -520,10 +531,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       writer=_open_writer(workdir) if chief else None, chief=chief,
       stop_after_steps=stop_after_steps,
       save_prefix=lambda: _save_prefix(workdir, run.ckpt))
-  for index in range(int(ckpt['stage']), len(stage_list)):
-    if not stages.run_stage(run, index) or (run.out_of_time() and index + 1 < len(stage_list)):
-      return None
-  return _finish(run, meta, sessions)
+  return run, sessions
 
 
 def _finish(run, meta, sessions) -> dict:

@@ -345,3 +345,129 @@ def test_eight_fake_devices_follow_the_one_device_trajectory():
                        capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'OK' in out.stdout
+
+
+# ----------------------------------------------------------------------------- schedules
+
+def test_phase_schedules_and_the_epochs_model_selection_may_keep():
+  S = training.Stage
+  assert training.phase_schedule('joint', num_layers=2, a_epochs=3, b_epochs=5) == [
+      S('a', 3), S('b', 5)]
+  assert training.phase_schedule('layerwise', num_layers=2, a_epochs=1, b_epochs=5) == [
+      S('a', 1, layer=0), S('a', 1, layer=1), S('b', 5)]
+  after = training.phase_schedule('after_b', num_layers=2, a_epochs=2, b_epochs=5,
+                                  after_b_epochs=3)
+  assert after == [S('b', 3), S('a', 2, layer=0), S('a', 2, layer=1),
+                   S('b', 2, first_epoch=3)]
+  alternating = training.phase_schedule('alternating', num_layers=1, a_epochs=1, b_epochs=5,
+                                        after_b_epochs=2)
+  assert alternating == [S('b', 2), S('a', 1, layer=0), S('b', 2, first_epoch=2),
+                         S('a', 1, layer=0, cycle=1), S('b', 1, first_epoch=4)]
+  # Phase B epochs cover 0 .. b_epochs − 1 exactly once, in order.
+  for stages in (after, alternating):
+    epochs = [e for s in stages if s.phase == 'b'
+              for e in range(s.first_epoch, s.first_epoch + s.num_epochs)]
+    assert epochs == list(range(5))
+  assert [training.first_selectable_epoch(s) for s in (after, alternating)] == [3, 2]
+  assert training.first_selectable_epoch(
+      training.phase_schedule('joint', num_layers=1, a_epochs=1, b_epochs=2)) == 0
+  for bad in (0, 5):
+    with pytest.raises(ValueError, match='after_b_epochs'):
+      training.phase_schedule('after_b', num_layers=1, a_epochs=1, b_epochs=5,
+                              after_b_epochs=bad)
+  with pytest.raises(ValueError, match='schedule'):
+    training.phase_schedule('greedy', num_layers=1, a_epochs=1, b_epochs=5)
+
+
+def test_phase_a_forces_split_the_hamiltonian_gradient():
+  model, batch = _model(feature_map='elu'), _batch()
+  params = _init(model, batch)
+  inputs = training.phase_a_inputs(model, params, batch)
+  kw = dict(feature_map='elu', lam=0.3, s=1.0, softening=0.5)
+  forces = training.phase_a_forces(params, inputs, batch['labels'], batch['weights'], **kw)
+  grads = jax.grad(lambda p: training.phase_a_objective(
+      p, inputs, batch['labels'], batch['weights'], **kw)[0])(params)
+  for path, g in training.particle_leaves(grads).items():
+    np.testing.assert_allclose(forces['hamiltonian'][path], g, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(-forces['alignment'][path] + 0.3 * forces['repulsion'][path], g,
+                               rtol=1e-4, atol=1e-6)
+  only = training.attention_paths(params)[0]
+  assert list(training.phase_a_forces(params, inputs, batch['labels'], batch['weights'],
+                                      only=only, **kw)['alignment']) == [only]
+  held = training.heldout_alignment(params, inputs, batch['labels'], feature_map='elu')
+  for path, d in held.items():
+    assert np.shape(d['alignment']) == (2,) == np.shape(d['centered_alignment'])  # per head
+    assert np.all(np.abs(d['centered_alignment']) <= 1.0)
+
+
+def _after_b(**overrides):
+  return _config(**{'phase_a.schedule': 'after_b', 'phase_a.after_b_epochs': 1,
+                    'phase_a.relative_step': 0.05, 'phase_a.gibbs_tilt': 100.0,
+                    'phase_a.relative_lam': 0.5, 'phase_a.riesz_s': '1.0',
+                    'phase_a.calibration_rows': 32, 'phase_a.heldout_rows': 32,
+                    'run.log_every': 2, **overrides})
+
+
+@needs_data
+def test_after_b_learns_on_the_trained_encoder_resumes_and_shares_its_prefix(tmp_path):
+  from experiments import train
+  full = train.train_and_evaluate(_after_b(), str(tmp_path / 'full'))
+  assert full['selected_from_epoch'] == 1 and full['best_epoch'] == 1
+  assert full['phase_a_steps'] == 4
+  report = full['phase_a']
+  for field in ('drift_to_noise', 'repulsion_to_alignment', 'gibbs_tilt', 'displacement',
+                'random_walk_displacement', 'inside_fraction'):
+    assert np.isfinite(report[field]), field
+  for stat in ('heldout_alignment', 'heldout_centered_alignment'):
+    assert set(report[stat]) == {'initial', 'ball', 'learned', 'null'}
+  stage = report['stages'][0]
+  assert stage['gibbs_tilt'] == pytest.approx(100.0, rel=1e-5)   # the tilt rule
+  assert stage['layer'] == 0 and stage['steps'] == 4
+  # The noise-only walk of the same length moves the particles about σ·√T.
+  assert stage['random_walk_displacement'] == pytest.approx(
+      stage['noise_per_step'] * 2.0, rel=0.5)
+  assert os.path.exists(tmp_path / 'full' / 'predictions_test.npz')
+
+  # Killed in the middle of Phase A (2 B steps, then 1 of 4 A steps): the same result.
+  resumed_dir = str(tmp_path / 'resumed')
+  assert train.train_and_evaluate(_after_b(), resumed_dir, stop_after_steps=5) is None
+  resumed = train.train_and_evaluate(_after_b(), resumed_dir)
+  assert resumed['test'] == full['test']
+  assert resumed['phase_a']['heldout_centered_alignment'] == report['heldout_centered_alignment']
+
+  # Vanilla-X of the same schedule saves the Phase B prefix; Kernel-X started from it is the
+  # run above bit for bit; Ball-X from it projects at the Phase A point.
+  vanilla_config = _after_b(**{'phase_a.enabled': False})
+  vanilla_config.variant = 'vanilla-favor'
+  vanilla = train.train_and_evaluate(vanilla_config, str(tmp_path / 'vanilla'))
+  assert 'phase_a' not in vanilla and vanilla['selected_from_epoch'] == 1
+  forked = train.train_and_evaluate(
+      _after_b(**{'run.prefix_from': str(tmp_path / 'vanilla')}), str(tmp_path / 'forked'))
+  assert forked['test'] == full['test']
+  for a, b in zip(jax.tree.leaves(_final_params(str(tmp_path / 'forked'))),
+                  jax.tree.leaves(_final_params(str(tmp_path / 'full')))):
+    np.testing.assert_array_equal(a, b)
+  ball_config = _after_b(**{'phase_a.enabled': False, 'model.init_radius': 1.5,
+                            'run.prefix_from': str(tmp_path / 'vanilla')})
+  ball_config.variant = 'ball-favor'
+  train.train_and_evaluate(ball_config, str(tmp_path / 'ball'))
+  norms = [np.linalg.norm(w, axis=-1) for path, w in training.particle_leaves(
+      _final_params(str(tmp_path / 'ball'))).items()]
+  assert max(float(n.max()) for n in norms) <= 1.5 + 1e-5
+  # A prefix of another Phase B config is refused.
+  other = _after_b(**{'run.prefix_from': str(tmp_path / 'vanilla'),
+                      'phase_b.learning_rate': 1.0})
+  with pytest.raises(ValueError, match=r'prefix_from.*phase_b.learning_rate'):
+    train.train_and_evaluate(other, str(tmp_path / 'other'))
+
+
+@needs_data
+def test_alternating_runs_a_phase_a_pass_between_phase_b_blocks(tmp_path):
+  from experiments import train
+  config = _after_b(**{'phase_a.schedule': 'alternating', 'phase_b.num_epochs': 3,
+                       'phase_a.null_run': False, 'phase_a.relative_lam': 0.0})
+  result = train.train_and_evaluate(config, str(tmp_path / 'alt'))
+  assert [s['phase'] for s in result['schedule']] == ['b', 'a', 'b', 'a', 'b']
+  assert [s['cycle'] for s in result['phase_a']['stages']] == [0, 1]
+  assert set(result['phase_a']['heldout_alignment']) == {'initial', 'ball', 'learned'}
+  assert result['phase_a_steps'] == 8 and result['best_epoch'] >= 1
