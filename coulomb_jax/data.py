@@ -45,36 +45,46 @@ with ``load_split(..., source='tfds')``, tensorflow_datasets copies read through
 (``coulomb_jax.tfds_builders``, built from the MR files in a manual dir).
 tensorflow_datasets is imported only then; nothing is downloaded unless
 ``download=True``.
+
+Sanity and provenance:
+
+* every split ``load_split`` produces goes through ``check_class_balance``: fewer
+  than two classes, or a class below ``min_class_share`` (default 1%) of the
+  split, raises one ValueError naming the file(s) and the class counts;
+* files that are not valid UTF-8 (GLUE, QQP) and tokenizer files that do not
+  parse raise a ValueError naming the file (and the line of the bad byte);
+* ``source_files(task, data_dir)`` lists every file a task's loader reads and
+  ``fingerprint(paths)`` hashes them (sha256); ``check_fingerprint(stored,
+  current)`` names the files that changed since a run stored its fingerprint.
+
+The pieces shared with ``tfds_builders`` (``Examples``, ``SPLITS``, the MR reader,
+the class check) live in ``data_core`` and are re-exported here.
 """
 
 import csv
 import functools
+import hashlib
 import importlib
+import io
 import os
 import tempfile
-from typing import Iterable, Iterator, NamedTuple, Optional
+from typing import Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from coulomb_jax import _checks
+from coulomb_jax import data_core
+from coulomb_jax.data_core import (DEFAULT_MIN_CLASS_SHARE, SPLITS, TASKS, Examples,
+                                   check_class_balance, read_rotten_tomatoes_files)
 
-TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset', 'qqp')
-SPLITS = ('train', 'validation', 'test')
 SOURCES = ('files', 'tfds')
 
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 """Ids 0..4 of a trained tokenizer; ``[PAD]`` is id 0 for every tokenizer here."""
 
 _QQP_HEADER = ['id', 'qid1', 'qid2', 'question1', 'question2', 'is_duplicate']
-
-
-class Examples(NamedTuple):
-  """``n`` labelled examples; ``text_b`` is ``None`` for single-sentence tasks."""
-  text_a: list[str]
-  text_b: Optional[list[str]]
-  labels: np.ndarray  # [n] int32 in {0, 1}
 
 
 class Encoded(NamedTuple):
@@ -87,9 +97,7 @@ class Encoded(NamedTuple):
 # ----------------------------------------------------------------------------- loading
 
 
-def _require_file(path: str, hint: str = '') -> None:
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'data file {path} not found.{hint}')
+_require_file = data_core.require_file
 
 
 def _labels(values: list[str], path: str) -> np.ndarray:
@@ -105,8 +113,7 @@ def _labels(values: list[str], path: str) -> np.ndarray:
 def _read_sst2(path: str) -> Examples:
   """GLUE SST-2 train/dev: header ``sentence\\tlabel``, no quoting."""
   _require_file(path, ' Expected the GLUE SST-2 files (glue/SST-2/{train,dev}.tsv).')
-  with open(path, encoding='utf-8') as f:
-    lines = f.read().split('\n')
+  lines = data_core.read_text(path).split('\n')
   if lines[0] != 'sentence\tlabel':
     raise ValueError(f'{path}: expected the header "sentence\\tlabel", got {lines[0]!r}.')
   texts, labels = [], []
@@ -123,7 +130,7 @@ def _read_sst2(path: str) -> Examples:
 
 def _read_tsv(path: str, num_fields: int, header: Optional[list[str]]) -> list[list[str]]:
   """csv rows (tab, default quoting); each record must be exactly one line."""
-  with open(path, encoding='utf-8', newline='') as f:
+  with io.StringIO(data_core.read_text(path), newline='') as f:
     reader = csv.reader(f, delimiter='\t')
     rows = []
     for row in reader:
@@ -155,32 +162,6 @@ def _read_qqp_glue(path: str) -> Examples:
       "the offline data copy. The 20k Quora-pairs subset that is there is task 'qqp_subset'.")
   rows = _read_tsv(path, 6, _QQP_HEADER)
   return Examples([r[3] for r in rows], [r[4] for r in rows], _labels([r[5] for r in rows], path))
-
-
-def _read_rotten_tomatoes(data_dir: str, split: str) -> Examples:
-  """The Hugging Face ``rotten_tomatoes`` split of ``data_dir/rotten_tomatoes/``."""
-  return read_rotten_tomatoes_files(os.path.join(data_dir, 'rotten_tomatoes'), split)
-
-
-def read_rotten_tomatoes_files(directory: str, split: str) -> Examples:
-  """The Hugging Face ``rotten_tomatoes`` split of ``directory/rt-polarity.{pos,neg}``.
-
-  Also what the tfds builder ``coulomb_rotten_tomatoes`` writes (from its manual dir).
-  """
-  if split not in SPLITS:
-    raise ValueError(f'split must be one of {SPLITS}, got {split!r}.')
-  per_class = []
-  for name in ('rt-polarity.pos', 'rt-polarity.neg'):
-    path = os.path.join(directory, name)
-    _require_file(path, ' Expected the MR sentence-polarity files rt-polarity.{pos,neg}.')
-    with open(path, encoding='latin-1') as f:
-      lines = [line.strip() for line in f.readlines()]
-    n = len(lines)
-    i1, i2 = int(n * 0.8 + 0.5), int(n * 0.9 + 0.5)
-    per_class.append({'train': lines[:i1], 'validation': lines[i1:i2], 'test': lines[i2:]}[split])
-  pos, neg = per_class
-  labels = np.concatenate([np.ones(len(pos), np.int32), np.zeros(len(neg), np.int32)])
-  return Examples(pos + neg, None, labels)
 
 
 def _take(examples: Examples, index: np.ndarray) -> Examples:
@@ -258,7 +239,8 @@ def _import_tfds_builders():
 
 def load_split(task: str, data_dir: str, split: str, *, validation_size: int = 1000,
                validation_seed: int = 0, validation_rule: str = 'rows', source: str = 'files',
-               tfds_data_dir: Optional[str] = None, download: bool = False) -> Examples:
+               tfds_data_dir: Optional[str] = None, download: bool = False,
+               min_class_share: Optional[float] = DEFAULT_MIN_CLASS_SHARE) -> Examples:
   """One split of a task (see the module docstring); examples keep file order.
 
   For sst2, qqp_subset and qqp, 'validation' is rows ``perm[:validation_size]`` of
@@ -280,6 +262,11 @@ def load_split(task: str, data_dir: str, split: str, *, validation_size: int = 1
   a copy that is not prepared raises FileNotFoundError. ``download=True`` prepares
   it first (GLUE from the network; rotten_tomatoes from ``data_dir/rotten_tomatoes``,
   the manual dir, without network).
+
+  The split is checked by ``check_class_balance(labels, <its files>,
+  min_share=min_class_share)``: fewer than two classes, or a class below
+  ``min_class_share`` of the split, raises one ValueError naming the file(s) and the
+  class counts (``None`` skips the check).
   """
   if task not in TASKS:
     raise ValueError(f'task must be one of {TASKS}, got {task!r}.')
@@ -299,40 +286,132 @@ def load_split(task: str, data_dir: str, split: str, *, validation_size: int = 1
   if validation_rule == 'sentences' and task != 'sst2':
     raise ValueError(f"validation_rule='sentences' is for sst2 (phrase-level rows), got "
                      f'task={task!r}.')
+  if min_class_share is not None:
+    _checks.check_nonnegative('min_class_share', min_class_share)
+    if not min_class_share <= 0.5:
+      raise ValueError(f'min_class_share must be in [0, 0.5] (two classes), got '
+                       f'{min_class_share!r}.')
+  examples, where = _load_split(task, data_dir, split, validation_size, validation_seed,
+                                validation_rule, source, tfds_data_dir, download)
+  if min_class_share is not None:
+    check_class_balance(examples.labels, f'{task} {split!r} split of {where}',
+                        min_share=min_class_share)
+  return examples
+
+
+def _load_split(task, data_dir, split, validation_size, validation_seed, validation_rule,
+                source, tfds_data_dir, download):
+  """``load_split`` after its checks: ``(examples, where they came from)``."""
   if source == 'tfds':
     builders = _import_tfds_builders()
     manual_dir = os.path.join(data_dir, 'rotten_tomatoes') if data_dir else None
+    name = f'tfds {builders.TFDS_NAMES[task]} in {tfds_data_dir or "the default tfds dir"}'
 
     def read(part):  # part: 'train' (train + validation) or 'test'.
       return builders.read_examples(task, part, data_dir=tfds_data_dir, download=download,
                                     manual_dir=manual_dir)
 
     if task == 'rotten_tomatoes':
-      return read(split)
+      return read(split), f'{name} ({split!r})'
     if split == 'test':
-      return read('test')
-    where = f"tfds {builders.TFDS_NAMES[task]} 'train'"
+      return read('test'), f"{name} ('validation')"
+    where = f"{name} ('train')"
     examples = read('train')
   else:
     if task == 'rotten_tomatoes':
-      return _read_rotten_tomatoes(data_dir, split)
+      directory = os.path.join(data_dir, 'rotten_tomatoes')
+      files = ', '.join(os.path.join(directory, f) for f in data_core.MR_FILES)
+      return read_rotten_tomatoes_files(directory, split), files
     train_file, test_file, read_file = _FILES[task]
     if split == 'test':
-      return read_file(os.path.join(data_dir, test_file))
+      where = os.path.join(data_dir, test_file)
+      return read_file(where), where
     where = os.path.join(data_dir, train_file)
     examples = read_file(where)
   if validation_rule == 'sentences':
     # Cached: the train and validation splits are loaded by separate calls.
     train, validation = _sentence_split_cached(tuple(examples.text_a), validation_size,
                                                validation_seed)
-    return _take(examples, validation if split == 'validation' else train)
+    return _take(examples, validation if split == 'validation' else train), where
   n = len(examples.labels)
   if validation_size >= n:
     raise ValueError(
         f'validation_size must be < the {n} rows of {where}, got {validation_size}.')
   perm = np.random.default_rng(validation_seed).permutation(n)
   index = perm[:validation_size] if split == 'validation' else perm[validation_size:]
-  return _take(examples, np.sort(index))
+  return _take(examples, np.sort(index)), where
+
+
+# ----------------------------------------------------------------------------- provenance
+
+
+def source_files(task: str, data_dir: str, *, source: str = 'files',
+                 tfds_data_dir: Optional[str] = None) -> list[str]:
+  """Every file ``load_split(task, data_dir, ..., source=source)`` reads, sorted.
+
+  ``source='files'``: the task's files under ``data_dir`` (train and test file, or
+  the two MR files), whether or not they exist yet (``fingerprint`` then names the
+  missing one). ``source='tfds'``: every file of the prepared tfds copy in
+  ``tfds_data_dir`` (``tfds_builders.dataset_files``; FileNotFoundError if it is not
+  prepared). Add the tokenizer file to fingerprint it as well.
+  """
+  if task not in TASKS:
+    raise ValueError(f'task must be one of {TASKS}, got {task!r}.')
+  if source not in SOURCES:
+    raise ValueError(f'source must be one of {SOURCES}, got {source!r}.')
+  if source == 'tfds':
+    if task == 'qqp_subset':
+      raise ValueError("task 'qqp_subset' has no tfds copy; use source='files'.")
+    return _import_tfds_builders().dataset_files(task, tfds_data_dir)
+  if task == 'rotten_tomatoes':
+    names = [os.path.join('rotten_tomatoes', f) for f in data_core.MR_FILES]
+  else:
+    names = list(_FILES[task][:2])
+  return sorted(os.path.join(data_dir, name) for name in names)
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def fingerprint(paths: Sequence[str], *, root: Optional[str] = None) -> dict[str, str]:
+  """``{path: sha256 hex digest}`` of each file, keys sorted.
+
+  ``root``: keys are paths relative to it (so a fingerprint survives moving the
+  data folder); else the paths as given. A missing file raises FileNotFoundError
+  naming it.
+  """
+  if isinstance(paths, (str, bytes)):
+    raise ValueError(f'paths must be a sequence of file paths, got the string {paths!r}.')
+  out = {}
+  for path in paths:
+    _require_file(path)
+    out[os.path.relpath(path, root) if root is not None else path] = _sha256(path)
+  return dict(sorted(out.items()))
+
+
+def changed_files(stored: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+  """The keys whose digests differ, or that only one fingerprint has, sorted."""
+  return sorted(p for p in set(stored) | set(current) if stored.get(p) != current.get(p))
+
+
+def check_fingerprint(stored: Mapping[str, str], current: Mapping[str, str],
+                      what: str = 'the data') -> None:
+  """Raises one ValueError naming every file that changed between two fingerprints.
+
+  ``'{what} changed since this fingerprint was stored: glue/SST-2/train.tsv (sha256
+  0123abcd… now 4567ef01…); ...'``; a file in only one of them reads 'missing'.
+  """
+  changed = changed_files(stored, current)
+  if changed:
+    short = lambda d: 'missing' if d is None else d[:12] + '…'
+    items = '; '.join(f'{p} (sha256 {short(stored.get(p))} now {short(current.get(p))})'
+                      for p in changed)
+    raise ValueError(f'{what} changed since this fingerprint was stored: {items}.')
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -423,7 +502,12 @@ def load_tokenizer(path: str) -> tokenizers.Tokenizer:
   """Reads a tokenizer written by ``save_tokenizer`` (checks ``[PAD]`` = 0)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f'tokenizer file {path} not found.')
-  tok = tokenizers.Tokenizer.from_file(path)
+  try:
+    tok = tokenizers.Tokenizer.from_file(path)
+  except Exception as e:  # pylint: disable=broad-except  (tokenizers raises plain Exception)
+    reason = ' '.join(str(e).split())
+    raise ValueError(f'tokenizer file {path} is not a valid tokenizers JSON file '
+                     f'({reason}); delete it to retrain the tokenizer.') from None
   _check_special_tokens(tok, f'the tokenizer in {path}')
   return tok
 
@@ -436,7 +520,12 @@ def load_vocab_tokenizer(vocab_file: str) -> tokenizers.Tokenizer:
   """
   if not os.path.isfile(vocab_file):
     raise FileNotFoundError(f'vocab_file {vocab_file} not found.')
-  tok = _bert_tokenizer(models.WordPiece.read_file(vocab_file))
+  try:
+    vocab = models.WordPiece.read_file(vocab_file)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'vocab_file {vocab_file} is not a readable vocab.txt '
+                     f'({" ".join(str(e).split())}).') from None
+  tok = _bert_tokenizer(vocab)
   _check_special_tokens(tok, f'vocab_file {vocab_file}')
   return tok
 

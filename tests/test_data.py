@@ -209,7 +209,102 @@ def test_bad_arguments_raise_before_reading():
     data.load_split('rotten_tomatoes', '/nonexistent', 'test')
 
 
+# ----------------------------------------------------------------------------- data sanity
+
+
+def _mr_files(root, num_pos, num_neg=400):
+  """rotten_tomatoes/rt-polarity.{pos,neg} with synthetic sentences."""
+  directory = root / 'rotten_tomatoes'
+  directory.mkdir(parents=True, exist_ok=True)
+  for name, num in (('rt-polarity.pos', num_pos), ('rt-polarity.neg', num_neg)):
+    (directory / name).write_text(''.join(f'{name[-3:]} sentence {i} .\n' for i in range(num)),
+                                  encoding='latin-1')
+  return directory
+
+
+def test_one_class_or_truncated_rotten_tomatoes_is_refused_naming_files_and_counts(tmp_path):
+  directory = _mr_files(tmp_path, 400)
+  ok = data.load_split('rotten_tomatoes', str(tmp_path), 'train')
+  assert np.bincount(ok.labels).tolist() == [320, 320]
+  pos = os.path.join(str(directory), 'rt-polarity.pos')
+  _mr_files(tmp_path, 0)                                         # empty positives
+  for split in data.SPLITS:
+    with pytest.raises(ValueError, match=r"rotten_tomatoes '%s' split of .*rt-polarity\.pos.*"
+                       r'class counts \{0: \d+, 1: 0\}.*class 1 is missing' % split):
+      data.load_split('rotten_tomatoes', str(tmp_path), split)
+  _mr_files(tmp_path, 3)                                         # truncated: 2 of 322 train rows
+  with pytest.raises(ValueError, match=r'class counts \{0: 320, 1: 2\} \(322 rows\): '
+                     r'class 1 holds 0\.62%'):
+    data.load_split('rotten_tomatoes', str(tmp_path), 'train')
+  assert len(data.load_split('rotten_tomatoes', str(tmp_path), 'train',
+                             min_class_share=0.005).labels) == 322
+  assert len(data.load_split('rotten_tomatoes', str(tmp_path), 'train',
+                             min_class_share=None).labels) == 322
+  assert pos in data.source_files('rotten_tomatoes', str(tmp_path))
+
+
+@pytest.mark.parametrize('labels, match', [
+    ([], r'class counts \{0: 0, 1: 0\} \(0 rows\): classes \[0, 1\] are missing'),
+    ([1, 1, 1], r'class counts \{0: 0, 1: 3\} \(3 rows\): class 0 is missing'),
+    ([0] * 199 + [1], r'class counts \{0: 199, 1: 1\} \(200 rows\): class 1 holds 0\.50%'),
+])
+def test_check_class_balance(labels, match):
+  with pytest.raises(ValueError, match='^f.tsv: ' + match):
+    data.check_class_balance(np.array(labels, np.int32), 'f.tsv')
+  assert data.check_class_balance([0] * 99 + [1], 'f.tsv') == {0: 99, 1: 1}
+
+
+def test_non_utf8_glue_file_names_the_file_and_line(tmp_path):
+  sst2 = tmp_path / 'glue' / 'SST-2'
+  sst2.mkdir(parents=True)
+  (sst2 / 'dev.tsv').write_bytes(b'sentence\tlabel\ngood\t1\nbad \xff\t0\n')
+  path = os.path.join(str(tmp_path), 'glue/SST-2/dev.tsv')
+  with pytest.raises(ValueError, match=f'^{path}:3: not valid UTF-8: byte 0xff at offset 26'):
+    data.load_split('sst2', str(tmp_path), 'test')
+  subset = tmp_path / 'glue' / 'QQP' / 'quora-pairs-20k'
+  subset.mkdir(parents=True)
+  (subset / 'heldout_10k.utf8.tsv').write_bytes(b'1\ta?\tb?\t0\n0\t\xc3(\tc\t1\n')
+  with pytest.raises(ValueError, match=r'heldout_10k\.utf8\.tsv:2: not valid UTF-8'):
+    data.load_split('qqp_subset', str(tmp_path), 'test')
+
+
+def test_source_files_fingerprint_and_check(tmp_path):
+  _mr_files(tmp_path, 400)
+  files = data.source_files('rotten_tomatoes', str(tmp_path))
+  assert [os.path.basename(f) for f in files] == ['rt-polarity.neg', 'rt-polarity.pos']
+  assert data.source_files('sst2', '/d') == ['/d/glue/SST-2/dev.tsv', '/d/glue/SST-2/train.tsv']
+  before = data.fingerprint(files, root=str(tmp_path))
+  assert list(before) == ['rotten_tomatoes/rt-polarity.neg', 'rotten_tomatoes/rt-polarity.pos']
+  import hashlib  # pylint: disable=import-outside-toplevel
+  with open(files[0], 'rb') as f:
+    assert before['rotten_tomatoes/rt-polarity.neg'] == hashlib.sha256(f.read()).hexdigest()
+  data.check_fingerprint(before, data.fingerprint(files, root=str(tmp_path)))   # unchanged
+  _mr_files(tmp_path, 399)                                       # one positive line fewer
+  after = data.fingerprint(files, root=str(tmp_path))
+  assert data.changed_files(before, after) == ['rotten_tomatoes/rt-polarity.pos']
+  with pytest.raises(ValueError, match=r'the data changed since this fingerprint was stored: '
+                     r'rotten_tomatoes/rt-polarity\.pos \(sha256 [0-9a-f]{12}… now '
+                     r'[0-9a-f]{12}…\)\.$'):
+    data.check_fingerprint(before, after)
+  with pytest.raises(ValueError, match=r'x\.json \(sha256 missing now'):
+    data.check_fingerprint(before, dict(before, **{'x.json': '0' * 64}))
+  with pytest.raises(FileNotFoundError, match=r'rt-polarity\.neg\.zip not found'):
+    data.fingerprint([files[0], files[0] + '.zip'])
+
+
 # ----------------------------------------------------------------------------- tokenizer
+
+
+def test_corrupt_tokenizer_file_names_the_file(tok, tmp_path):
+  path = str(tmp_path / 'tokenizer.json')
+  data.save_tokenizer(tok, path)
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(text[:len(text) // 2])                              # truncated, as by a crash
+  with pytest.raises(ValueError, match=f'^tokenizer file {path} is not a valid tokenizers '
+                     r'JSON file \(.*\); delete it'):
+    data.load_tokenizer(path)
 
 
 def test_tokenizer_special_tokens_and_uncased(tok):

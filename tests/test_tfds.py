@@ -96,6 +96,19 @@ def test_load_split_tfds_rotten_tomatoes_equals_files(rt_tfds_dir):
     np.testing.assert_array_equal(ex.labels, files.labels)
 
 
+def test_tfds_source_files_are_the_prepared_copy_and_fingerprint(builders, rt_tfds_dir,
+                                                                tmp_path):
+  files = data.source_files('rotten_tomatoes', DATA_DIR, source='tfds',
+                            tfds_data_dir=rt_tfds_dir)
+  assert files == sorted(files) and any(f.endswith('dataset_info.json') for f in files)
+  assert any('array_record' in os.path.basename(f) for f in files)
+  assert all(os.path.commonpath([f, rt_tfds_dir]) == rt_tfds_dir for f in files)
+  prints = data.fingerprint(files, root=rt_tfds_dir)
+  assert len(prints) == len(files) and all(len(h) == 64 for h in prints.values())
+  with pytest.raises(FileNotFoundError, match='not prepared'):
+    data.source_files('rotten_tomatoes', DATA_DIR, source='tfds', tfds_data_dir=str(tmp_path))
+
+
 def test_load_split_tfds_rotten_tomatoes_not_prepared(builders, tmp_path):
   with pytest.raises(FileNotFoundError, match='not prepared.*download=True'):
     data.load_split('rotten_tomatoes', DATA_DIR, 'test', source='tfds',
@@ -162,8 +175,9 @@ def test_glue_tfds_matches_files(builders, tmp_path, monkeypatch, task):
   tfds_dir = str(tmp_path / 'tfds')
   files_dir = str(tmp_path / 'files')
   for split in data.SPLITS:
-    files = data.load_split(task, files_dir, split, validation_size=5, validation_seed=3)
-    ex = data.load_split(task, files_dir, split, validation_size=5, validation_seed=3,
+    # Seed 4: both classes among the 5 held-out rows (load_split refuses a one-class split).
+    files = data.load_split(task, files_dir, split, validation_size=5, validation_seed=4)
+    ex = data.load_split(task, files_dir, split, validation_size=5, validation_seed=4,
                          source='tfds', tfds_data_dir=tfds_dir, download=True)
     assert ex.text_a == files.text_a and ex.text_b == files.text_b
     np.testing.assert_array_equal(ex.labels, files.labels)
