@@ -166,3 +166,58 @@ def paired_figure(path: str, title: str, comparisons: Dict[str, Dict[str, dict]]
   fig.suptitle(title + '\n(mean over seeds, 95% t-interval; hollow: one seed)', fontsize=9)
   fig.tight_layout()
   return _save(fig, path)
+
+
+def attention_figure(path: str, record: dict, feature_map: str = 'favor',
+                     dtype: str = 'float32') -> str:
+  """Forward + backward time and temporary memory against sequence length, per implementation.
+
+  ``record``: the JSON of ``benchmarks.attention`` (``rows`` with ``impl``,
+  ``feature_map``, ``particles``, ``dtype``, ``L``, ``forward_backward_ms``,
+  ``temp_mb``); the rows of vanilla particles of one map and dtype are drawn, and
+  softmax's (``feature_map`` '-').
+  """
+  plt = _pyplot()
+  rows = [r for r in record['rows'] if r['feature_map'] in (feature_map, '-')
+          and r['dtype'] == dtype and r.get('particles', 'vanilla') == 'vanilla']
+  impls = list(dict.fromkeys(r['impl'] for r in rows))
+  if not any(r['feature_map'] == feature_map for r in rows):
+    raise ValueError(f'no {feature_map}/{dtype} rows with vanilla particles in the record.')
+  lengths = sorted({r['L'] for r in rows})
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+  from matplotlib import ticker                      # pylint: disable=g-import-not-at-top
+  for ax, field, label in ((axes[0], 'forward_backward_ms', 'forward + backward (ms)'),
+                           (axes[1], 'temp_mb', 'XLA temporary memory (MB)')):
+    for impl in impls:
+      pts = sorted((r['L'], r[field]) for r in rows if r['impl'] == impl and r[field] is not None)
+      if pts:
+        ax.plot(*zip(*pts), marker='o', label=impl)
+    ax.set(xscale='log', yscale='log', xlabel='sequence length L', ylabel=label)
+    ax.set_xticks(lengths, [f'{n:,}' for n in lengths])
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.grid(lw=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle(f'Kernel attention ({feature_map}) vs softmax, {dtype}: time and memory '
+               'against L (CPU)', fontsize=9)
+  fig.tight_layout()
+  return _save(fig, path)
+
+
+if __name__ == '__main__':
+  import json  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  _ATTENTION = flags.DEFINE_string('attention', 'benchmarks/results/attention.json',
+                                   'The JSON of benchmarks.attention.')
+  _OUT = flags.DEFINE_string('out', 'docs/figures/performance_attention.png', 'The PNG.')
+
+  def main(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    with open(_ATTENTION.value) as f:
+      print(attention_figure(_OUT.value, json.load(f)), file=sys.stdout)
+
+  app.run(main)

@@ -344,3 +344,18 @@ def test_without_predictions_the_docs_say_so(grid, tmp_path):
   assert 'Reliability diagrams: no run here saved its per-example test predictions' in md
   assert '(figures/rotten_tomatoes_paired.png)' in md
   assert not os.path.exists(tmp_path / 'figures' / 'rotten_tomatoes_reliability.png')
+
+
+def test_attention_figure_from_a_benchmark_record(tmp_path):
+  from experiments import report_figures  # pylint: disable=g-import-not-at-top
+  rows = [{'impl': impl, 'feature_map': fmap, 'particles': 'vanilla', 'dtype': 'float32',
+           'L': n, 'forward_ms': 1.0, 'forward_backward_ms': 2.0 * n, 'temp_mb': 0.1 * n}
+          for impl, fmap, lengths in (('materialized', 'favor', (512, 2048)),
+                                      ('softmax', '-', (512,)))
+          for n in lengths]
+  rows.append(dict(rows[0], particles='learned'))
+  path = report_figures.attention_figure(str(tmp_path / 'f' / 'attention.png'), {'rows': rows})
+  with open(path, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  with pytest.raises(ValueError, match='no elu/float32 rows'):
+    report_figures.attention_figure(str(tmp_path / 'x.png'), {'rows': rows}, feature_map='elu')
