@@ -70,17 +70,22 @@ def overrides_for(overrides, dataset):
   return out
 
 
-def prefix_override(share, workdir, dataset, variant, seed):
-  """``--config.run.prefix_from=<its vanilla run>`` for a kernel-/ball- run when ``share``.
+def prefix_override(prefix_root, dataset, variant, seed, out):
+  """``--config.run.prefix_from=<prefix_root>/<dataset>/vanilla-<map>/seed<s>`` for a
+  kernel-, ball- or vanilla- run when ``prefix_root`` is set (not for that run itself).
 
   With the ``after_b`` / ``alternating`` schedules, Kernel-X, Ball-X and Vanilla-X of
-  one map and seed train the same Phase B epochs before Phase A, bit for bit: the
-  Vanilla-X run's saved prefix spares the other two those epochs.
+  one map and seed train the same Phase B epochs before Phase A, bit for bit: one
+  Vanilla-X run's saved prefix spares the others those epochs, and all three then
+  continue from the very same state.
   """
   kind, _, fmap = variant.partition('-')
-  if not share or kind not in ('kernel', 'ball'):
+  if not prefix_root or kind not in ('kernel', 'ball', 'vanilla'):
     return []
-  return [f'--config.run.prefix_from={run_dir(workdir, dataset, f"vanilla-{fmap}", seed)}']
+  source = run_dir(prefix_root, dataset, f'vanilla-{fmap}', seed)
+  if os.path.abspath(source) == os.path.abspath(out):
+    return []
+  return [f'--config.run.prefix_from={source}']
 
 
 def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
@@ -148,7 +153,7 @@ def main(argv):
   runs = [(out, [sys.executable, '-m', 'experiments.train',
                  f'--config={DATASETS[dataset]}:{variant}', f'--workdir={out}',
                  f'--config.seed={seed}'] + overrides_for(overrides, dataset)
-            + prefix_override(fl.share_prefix, fl.workdir, dataset, variant, seed))
+            + prefix_override(fl.prefix_root, dataset, variant, seed, out))
           for dataset, variant, seed, out in plan(fl.dataset, variants, seeds, fl.workdir)]
   failed = run_all(runs, fl.jobs, fl.no_new_runs_after_s, fl.kill_after_s)
   if failed:
@@ -161,9 +166,9 @@ if __name__ == '__main__':
   flags.DEFINE_list('seeds', ['0'], 'Seeds.')
   flags.DEFINE_string('workdir', 'workdir/grid', 'Root folder of the runs.')
   flags.DEFINE_integer('jobs', 1, 'Runs at the same time.')
-  flags.DEFINE_bool('share_prefix', False, 'Kernel-X and Ball-X runs start from the Phase B '
-                    'prefix of their Vanilla-X run (after_b / alternating schedules; put '
-                    'vanilla-<map> before them in --variants).')
+  flags.DEFINE_string('prefix_root', '', "A grid root: kernel-, ball- and vanilla- runs start "
+                      "from the Phase B prefix of that root's vanilla-<map> run of their seed "
+                      "(after_b / alternating schedules; '' = off).")
   flags.DEFINE_integer('no_new_runs_after_s', 0, 'Start no run after this many seconds '
                        '(0: no limit).')
   flags.DEFINE_integer('kill_after_s', 0, 'End the runs still going after this many '

@@ -343,9 +343,16 @@ def _restore_prefix(config, workdir, target):
   with open(os.path.join(source, 'history.jsonl')) as f:
     lines = [line for line in f if line.strip()]
   t = int(restored['step_a']) + int(restored['step_b'])
+  sessions = []
+  if os.path.exists(os.path.join(source, 'sessions.json')):
+    with open(os.path.join(source, 'sessions.json')) as f:
+      sessions = json.load(f)
   if jax.process_index() == 0:
     provenance.write_atomic(os.path.join(workdir, 'history.jsonl'), ''.join(
         line for line in lines if json.loads(line)['t'] <= t))
+    provenance.write_json_atomic(os.path.join(workdir, PREFIX + '.json'), {
+        'from': source, 'phase_b_steps': int(restored['step_b']), 'sessions': sessions},
+                                 indent=1)
   logging.info('Phase B prefix (%d steps) taken from %s.', int(restored['step_b']), path)
   return restored
 
@@ -552,6 +559,9 @@ def _finish(run, meta, sessions) -> dict:
                  num_devices=jax.device_count(),
                  sessions=sessions,
                  num_params=int(sum(x.size for x in jax.tree.leaves(best))))
+  if os.path.exists(os.path.join(run.workdir, PREFIX + '.json')):
+    with open(os.path.join(run.workdir, PREFIX + '.json')) as f:
+      results['prefix'] = json.load(f)   # Where the Phase B prefix was trained, and when.
   phase_a = stages.phase_a_report(run.workdir) if run.kind == 'kernel' else None
   if phase_a is not None:
     results['phase_a'] = phase_a

@@ -85,3 +85,15 @@ def test_commit_of_a_copy_without_git(tmp_path, monkeypatch):
   assert provenance.git_commit() == 'unknown'
   monkeypatch.setenv('COULOMB_JAX_COMMIT', 'abc123')
   assert provenance.git_commit() == 'abc123 (from COULOMB_JAX_COMMIT, no git checkout)'
+
+
+def test_prefix_root_points_every_particle_variant_at_its_vanilla_run():
+  out = lambda v, s=1: grid.run_dir('new', 'rotten_tomatoes', v, s)
+  for variant in ('kernel-elu', 'ball-elu', 'vanilla-elu'):
+    assert grid.prefix_override('old', 'rotten_tomatoes', variant, 1, out(variant)) == [
+        '--config.run.prefix_from=' + grid.run_dir('old', 'rotten_tomatoes', 'vanilla-elu', 1)]
+  # A vanilla run is never its own prefix; other variants and an unset root get nothing.
+  assert grid.prefix_override('new', 'rotten_tomatoes', 'vanilla-elu', 1,
+                              out('vanilla-elu')) == []
+  assert grid.prefix_override('old', 'rotten_tomatoes', 'softmax', 1, out('softmax')) == []
+  assert grid.prefix_override('', 'rotten_tomatoes', 'kernel-elu', 1, out('kernel-elu')) == []

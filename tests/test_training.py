@@ -444,6 +444,7 @@ def test_after_b_learns_on_the_trained_encoder_resumes_and_shares_its_prefix(tmp
   forked = train.train_and_evaluate(
       _after_b(**{'run.prefix_from': str(tmp_path / 'vanilla')}), str(tmp_path / 'forked'))
   assert forked['test'] == full['test']
+  assert forked['prefix']['phase_b_steps'] == 4 and forked['prefix']['sessions']
   for a, b in zip(jax.tree.leaves(_final_params(str(tmp_path / 'forked'))),
                   jax.tree.leaves(_final_params(str(tmp_path / 'full')))):
     np.testing.assert_array_equal(a, b)
