@@ -319,12 +319,16 @@ def run_study(config, workdir):
   if done:
     progress.say(f'resuming: {len(done)} cells already done')
   trace_cell = (config.report.noise_index, 0)
-  warm = set()
+  warm, first = set(), True
   for noise_index, seed in cells:
     if (noise_index, seed) in done:
       continue
     where = (f'noise {noise_index + 1}/{len(noise_levels)} (σ={noise_levels[noise_index]:.3g}) '
              f'seed {seed + 1}/{config.num_seeds}')
+    if first:
+      progress.say(f'{where}: drawing the data (the first draw compiles the generator) and '
+                   f'fitting {runs[0]} …')
+      first = False
     cell_records, cell_hist = run_cell(
         config, seed, noise_index, warm,
         on_run=lambda label: progress.update(f'{where} method {label}'),
