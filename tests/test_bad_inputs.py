@@ -1,0 +1,321 @@
+"""Bad inputs to the library: each raises its own error type with a one-line message that
+names the argument and the offending value (issue 16, item 5).
+
+Each case is ``(call, error type, regex)``; ``call(tmp)`` gets a fresh directory for the
+cases that need files. The regexes include the value itself (``'0.1'``, ``nan``, the
+wrong shape, the file name), so a message that only says "invalid input" fails.
+"""
+
+import math
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from coulomb_jax import attention
+from coulomb_jax import data
+from coulomb_jax import features
+from coulomb_jax import langevin
+from coulomb_jax import models
+from coulomb_jax import pallas_attention
+from coulomb_jax import parallel
+
+KEY = jax.random.key(0)
+W = jnp.ones((4, 3))                                      # [N, d] particles
+X = jnp.linspace(-1.0, 1.0, 18).reshape(6, 3)            # [n, d]
+Y = jnp.array([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+STEP = dict(step_size=0.1, beta=1.0, radius=1.0)
+RUN = dict(STEP, feature_map='rff', lam=0.5)
+Q = jnp.ones((2, 5, 1, 3))                                # [B, L, H, d]
+V = jnp.ones((2, 5, 1, 4))
+OMEGA_H = jnp.ones((1, 16, 3))                            # [H, M, d]
+FEAT = jnp.ones((2, 5, 1, 8))                             # [B, L, H, F]
+IDS = jnp.ones((2, 6), jnp.int32)
+
+
+def _with(a, index, value):
+  return jnp.asarray(a).at[index].set(value)
+
+
+def _step(**kw):
+  args = dict(STEP)
+  args.update(kw)
+  omega, grad = args.pop('omega', W), args.pop('grad', W)
+  return langevin.langevin_step(KEY, omega, grad, **args)
+
+
+def _run(**kw):
+  args = dict(RUN)
+  args.update(kw)
+  omega, x, y = args.pop('omega', W), args.pop('x', X), args.pop('y', Y)
+  return langevin.run_langevin(KEY, omega, x, y, **args)
+
+
+def _transform_update(params, **kw):
+  tx = langevin.langevin_transform(KEY, **dict(STEP, **kw))
+  return tx.update(jnp.zeros((4, 3)), tx.init(params), params)
+
+
+def _on_mesh(axis_name='p', omega=W, **kw):
+  mesh = jax.make_mesh((1,), ('p',))
+  return parallel.langevin_step_on_mesh(KEY, omega, X, Y, mesh=mesh, axis_name=axis_name,
+                                        **dict(RUN, **kw))
+
+
+def _abstract_mesh_step(omega):
+  mesh = jax.sharding.AbstractMesh((3,), ('p',))
+  return parallel.langevin_step_on_mesh(KEY, omega, X, Y, mesh=mesh, axis_name='p', **RUN)
+
+
+def _encoder(ids=IDS, segments=IDS, mask=None, **kw):
+  model = models.EncoderClassifier(vocab_size=10, max_length=32, width=8, num_heads=2,
+                                   ffn_dim=8, num_features=4, **kw)
+  mask = jnp.ones(ids.shape, bool) if mask is None else mask
+  return model.init(KEY, ids, segments, mask)
+
+
+def _kernel_attention(x=jnp.ones((2, 5, 4)), mask=None, **kw):
+  return models.KernelAttention(**dict(dict(num_heads=2, num_features=4), **kw)).init(
+      KEY, x, mask)
+
+
+def _mr(tmp, num_pos):
+  directory = os.path.join(tmp, 'rotten_tomatoes')
+  os.makedirs(directory, exist_ok=True)
+  for name, num in (('rt-polarity.pos', num_pos), ('rt-polarity.neg', 300)):
+    with open(os.path.join(directory, name), 'w', encoding='latin-1') as f:
+      f.write(''.join(f'sentence {i} .\n' for i in range(num)))
+  return tmp
+
+
+def _sst2_dev(tmp, content):
+  directory = os.path.join(tmp, 'glue', 'SST-2')
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, 'dev.tsv'), 'wb') as f:
+    f.write(content)
+  return tmp
+
+
+def _tokenizer():
+  return data.train_tokenizer(['a cat sat', 'a dog sat'] * 3, 50, min_frequency=1)
+
+
+def _corrupt_tokenizer(tmp):
+  path = os.path.join(tmp, 'tokenizer.json')
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write('{"version": "1.0", "truncation": nu')
+  return data.load_tokenizer(path)
+
+
+def _bad_vocab(tmp):
+  path = os.path.join(tmp, 'vocab.txt')
+  with open(path, 'wb') as f:
+    f.write(b'[PAD]\n\xff\xfe\n')
+  return data.load_vocab_tokenizer(path)
+
+
+NUMBER = r'must be a number, got the string'
+ATTENTION_MAPS = r"\('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'softmaxfeat', " \
+                 r"'porf_softplus'\)"
+
+CASES = [
+    # ----------------------------------------------------------------------- features
+    ('favor stabilize str', lambda t: features.favor(X, W, stabilize='yes'),
+     ValueError, r"^stabilize must be True, False, an axis or a tuple of axes, got 'yes'\.$"),
+    ('favor stabilize float', lambda t: features.favor(X, W, stabilize=1.5),
+     ValueError, r'^stabilize must be .*, got 1\.5\.$'),
+    ('feature map x NaN', lambda t: features.favor(_with(X, (1, 2), jnp.nan), W),
+     ValueError, r'^x must be finite, got nan at index \(1, 2\) \(1 of 18 entries'),
+    ('feature map omega inf', lambda t: features.rff(X, _with(W, (0, 0), jnp.inf)),
+     ValueError, r'^omega must be finite, got inf at index \(0, 0\)'),
+    ('unknown map name', lambda t: features.get_feature_map('relu'),
+     ValueError, r"^feature_map: unknown name 'relu'; known names: \["),
+    ('attention_pair rff', lambda t: features.attention_pair(X, X, W, 'rff'),
+     ValueError, rf"^feature_map must be one of the attention maps {ATTENTION_MAPS}, got 'rff'"),
+    ('attention_pair mask shape',
+     lambda t: features.attention_pair(X, X, W, 'elu', jnp.ones(5, bool)),
+     ValueError, r'^key_mask must have shape \(6,\) \(k without its last axis\), got \(5,\)'),
+    ('last dims differ', lambda t: features.softplus(X[:, :2], W),
+     ValueError, r'^last dimensions differ: x has shape \(6, 2\), omega has shape \(4, 3\)'),
+    ('num_particles 0', lambda t: features.sample_gaussian(KEY, 0, 3),
+     ValueError, r'^num_particles must be an integer >= 1, got 0\.$'),
+    ('dim str', lambda t: features.sample_orthogonal(KEY, 4, '3'),
+     ValueError, r"^dim must be an integer >= 1, got '3'\.$"),
+    # ---------------------------------------------------------------------- attention
+    ('q_feat rank', lambda t: attention.linear_attention(FEAT[0], FEAT, V),
+     ValueError, r'^q_feat must have rank 4, got shape \(5, 1, 8\) \(rank 3\)'),
+    ('key_mask length', lambda t: attention.linear_attention(FEAT, FEAT, V,
+                                                             jnp.ones((2, 4), bool)),
+     ValueError, r'^key_mask must have shape \[B, L\] = \(2, 5\), got \(2, 4\)'),
+    ('eps str', lambda t: attention.linear_attention(FEAT, FEAT, V, eps='1e-6'),
+     ValueError, rf"^eps {NUMBER} '1e-6'"),
+    ('causal chunk 0', lambda t: attention.causal_linear_attention(FEAT, FEAT, V, chunk_size=0),
+     ValueError, r'^chunk_size must be an integer >= 1, got 0\.$'),
+    ('fused implementation', lambda t: attention.fused_linear_attention(
+        Q, Q, V, OMEGA_H, implementation='triton'),
+     ValueError, r"^implementation must be one of \('auto', 'xla', 'pallas'\), got 'triton'"),
+    ('fused rff', lambda t: attention.fused_linear_attention(Q, Q, V, OMEGA_H, feature_map='rff'),
+     ValueError, rf"^feature_map must be one of {ATTENTION_MAPS}, got 'rff'"),
+    ('fused eps < 0', lambda t: attention.fused_linear_attention(Q, Q, V, OMEGA_H, eps=-1.0),
+     ValueError, r'^eps must be > 0, got -1\.0\.$'),
+    ('fused chunk str', lambda t: attention.fused_linear_attention(Q, Q, V, OMEGA_H,
+                                                                   chunk_size='8'),
+     ValueError, r"^chunk_size must be an integer >= 1, got '8'\.$"),
+    ('fused omega heads', lambda t: attention.fused_linear_attention(Q, Q, V, W[None, :, :2]),
+     ValueError, r'^omega must be \[H, M, d\] = \[1, M, 3\], got \(1, 4, 2\)'),
+    ('pallas block_q', lambda t: pallas_attention.pallas_linear_attention(Q, Q, V, OMEGA_H,
+                                                                          block_q=24),
+     ValueError, r'^block_q must be a power of two \(Triton block shapes\), got 24\.$'),
+    ('pallas num_splits', lambda t: pallas_attention.pallas_linear_attention(
+        Q, Q, V, OMEGA_H, num_splits=0),
+     ValueError, r'^num_splits must be an integer >= 1, got 0\.$'),
+    ('pallas causal eps nan', lambda t: pallas_attention.pallas_causal_linear_attention(
+        Q, Q, V, OMEGA_H, eps=math.nan),
+     ValueError, r'^eps must be > 0, got nan\.$'),
+    # ----------------------------------------------------------------------- langevin
+    ('step_size str', lambda t: _step(step_size='0.1'),
+     ValueError, rf"^step_size {NUMBER} '0\.1'\.$"),
+    ('beta NaN', lambda t: _step(beta=math.nan), ValueError, r'^beta must be > 0, got nan\.$'),
+    ('beta None', lambda t: _step(beta=None), ValueError, r'^beta must be a number, got None\.$'),
+    ('radius < 0', lambda t: _step(radius=-1), ValueError, r'^radius must be > 0, got -1\.$'),
+    ('clip_norm 0', lambda t: _step(clip_norm=0), ValueError, r'^clip_norm must be > 0, got 0\.$'),
+    ('step_size array', lambda t: _step(step_size=np.array([0.1, 0.2])),
+     ValueError, r'^step_size must be a scalar, got shape \(2,\)\.$'),
+    ('grad shape', lambda t: _step(grad=W[:3]),
+     ValueError, r'^grad must have the shape of omega \(4, 3\), got \(3, 3\)\.$'),
+    ('omega NaN', lambda t: _step(omega=_with(W, (0, 1), jnp.nan)),
+     ValueError, r'^omega must be finite, got nan at index \(0, 1\)'),
+    ('grad -inf', lambda t: _step(grad=_with(W, (3, 2), -jnp.inf)),
+     ValueError, r'^grad must be finite, got -inf at index \(3, 2\)'),
+    ('run n = 0', lambda t: _run(x=X[:0], y=Y[:0]),
+     ValueError, r'^x must hold at least 2 samples .*, got 0 \(shape \(0, 3\)\)\.$'),
+    ('run lam < 0', lambda t: _run(lam=-1), ValueError, r'^lam must be >= 0, got -1\.$'),
+    ('run lam NaN', lambda t: _run(lam=math.nan), ValueError, r'^lam must be >= 0, got nan\.$'),
+    ('run lam str', lambda t: _run(lam='0.5'), ValueError, rf"^lam {NUMBER} '0\.5'\.$"),
+    ('run batch_size 1', lambda t: _run(batch_size=1),
+     ValueError, r'^batch_size must be an integer in \[2, 6\], got 1\.$'),
+    ('run num_epochs 0', lambda t: _run(num_epochs=0),
+     ValueError, r'^num_epochs must be an integer >= 1, got 0\.$'),
+    ('run tol < 0', lambda t: _run(tol=-1e-3), ValueError, r'^tol must be >= 0, got -0\.001\.$'),
+    ('run softening < 0', lambda t: _run(softening=-0.5),
+     ValueError, r'^softening must be >= 0, got -0\.5\.$'),
+    ('run x NaN', lambda t: _run(x=_with(X, (2, 0), jnp.nan)),
+     ValueError, r'^x must be finite, got nan at index \(2, 0\)'),
+    ('run y length', lambda t: _run(y=Y[1:]),
+     ValueError, r'^y has 5 labels but x has 6 samples'),
+    ('gibbs num_samples 0', lambda t: langevin.gibbs_resample(
+        KEY, W, X, Y, 0, beta=1.0, feature_map='rff', lam=0.1),
+     ValueError, r'^num_samples must be an integer >= 1, got 0\.$'),
+    ('gibbs lam < 0', lambda t: langevin.gibbs_resample(
+        KEY, W, X, Y, 2, beta=1.0, feature_map='rff', lam=-0.5),
+     ValueError, r'^lam must be >= 0, got -0\.5\.$'),
+    ('transform step_size str', lambda t: langevin.langevin_transform(
+        KEY, step_size='0.1', beta=1.0, radius=1.0),
+     ValueError, rf"^step_size {NUMBER} '0\.1'\.$"),
+    ('transform int params', lambda t: _transform_update(jnp.ones((4, 3), jnp.int32)),
+     ValueError, r'^params leaf of shape \(4, 3\) has dtype int32: particles must be floating'),
+    ('transform params None', lambda t: _transform_update(None),
+     ValueError, r'^params: langevin_transform needs the particles \(params\), got None\.$'),
+    # ----------------------------------------------------------------------- parallel
+    ('mesh axis missing', lambda t: _on_mesh(axis_name='q'),
+     ValueError, r"^axis_name 'q' is not an axis of mesh; its axes are \('p',\)\.$"),
+    ('sharded step outside pmap', lambda t: parallel.sharded_langevin_step(
+        KEY, W, X, Y, axis_name='p', **RUN),
+     ValueError, r"^axis_name 'p' is not bound here: sharded_langevin_step must run inside "
+                 r'jax\.pmap or jax\.shard_map'),
+    ('mesh does not divide', lambda t: _abstract_mesh_step(jnp.ones((5, 3))),
+     ValueError, r"^omega has 5 particles, not divisible by the 3 devices of mesh axis 'p'"),
+    ('mesh lam < 0', lambda t: _on_mesh(lam=-1.0), ValueError, r'^lam must be >= 0, got -1\.0\.$'),
+    ('mesh omega NaN', lambda t: _on_mesh(omega=_with(W, (2, 2), jnp.nan)),
+     ValueError, r'^omega must be finite, got nan at index \(2, 2\)'),
+    # ------------------------------------------------------------------------- models
+    ('encoder mask length', lambda t: _encoder(mask=jnp.ones((2, 5), bool)),
+     ValueError, r'^mask must have shape \[B, L\] = \(2, 6\) \(one entry per token\), got '
+                 r'\(2, 5\)\.$'),
+    ('encoder segments shape', lambda t: _encoder(segments=IDS[:, :5]),
+     ValueError, r'^segments must have the shape of ids \(2, 6\), got \(2, 5\)\.$'),
+    ('encoder too long', lambda t: _encoder(ids=jnp.ones((1, 40), jnp.int32),
+                                            segments=jnp.ones((1, 40), jnp.int32)),
+     ValueError, r'^ids: length 40 exceeds max_length=32\.$'),
+    ('encoder attention kind', lambda t: _encoder(attention='bogus'),
+     ValueError, r"^attention must be one of \('kernel', 'softmax', 'linformer'\), got 'bogus'"),
+    ('kernel attention rff', lambda t: _kernel_attention(feature_map='rff'),
+     ValueError, r"^feature_map: 'rff' is not non-negative"),
+    ('kernel attention unknown map', lambda t: _kernel_attention(feature_map='relu'),
+     ValueError, rf"^feature_map must be one of {ATTENTION_MAPS}, got 'relu'\.$"),
+    ('kernel attention qk_mode', lambda t: _kernel_attention(qk_mode='both'),
+     ValueError, r"^qk_mode must be one of \('shared', 'projected'\), got 'both'\.$"),
+    ('kernel attention width', lambda t: _kernel_attention(x=jnp.ones((2, 5, 5))),
+     ValueError, r'^input width 5 is not divisible by num_heads=2\.$'),
+    ('kernel attention mask', lambda t: _kernel_attention(mask=jnp.ones((2, 4), bool)),
+     ValueError, r'^mask must have shape \[B, L\] = \(2, 5\)'),
+    # --------------------------------------------------------------------------- data
+    ('task name', lambda t: data.load_split('sst-2', t, 'train'),
+     ValueError, r"^task must be one of \('sst2', 'rotten_tomatoes', 'qqp_subset', 'qqp'\), "
+                 r"got 'sst-2'\.$"),
+    ('min_class_share str', lambda t: data.load_split('sst2', t, 'train', min_class_share='0.01'),
+     ValueError, rf"^min_class_share {NUMBER} '0\.01'\.$"),
+    ('min_class_share > 0.5', lambda t: data.load_split('sst2', t, 'train', min_class_share=0.7),
+     ValueError, r'^min_class_share must be in \[0, 0\.5\] \(two classes\), got 0\.7\.$'),
+    ('validation_size < 0', lambda t: data.load_split('sst2', t, 'train', validation_size=-1),
+     ValueError, r'^validation_size must be an integer >= 0, got -1\.$'),
+    ('empty rt-polarity.pos', lambda t: data.load_split('rotten_tomatoes', _mr(t, 0), 'test'),
+     ValueError, r"^rotten_tomatoes 'test' split of .*rt-polarity\.pos, .*rt-polarity\.neg: "
+                 r'class counts \{0: 30, 1: 0\} \(30 rows\): class 1 is missing'),
+    ('truncated rt-polarity.pos', lambda t: data.load_split('rotten_tomatoes', _mr(t, 1),
+                                                            'train'),
+     ValueError, r"^rotten_tomatoes 'train' split of .*rt-polarity\.pos, .*: class counts "
+                 r'\{0: 240, 1: 1\} \(241 rows\): class 1 holds 0\.41%; every class must hold '
+                 r'at least 1% of a split \(min_class_share=0\.01\)'),
+    ('non-UTF-8 GLUE file', lambda t: data.load_split(
+        'sst2', _sst2_dev(t, b'sentence\tlabel\nok\t1\n\xe9t\xe9\t0\n'), 'test'),
+     ValueError, r'glue/SST-2/dev\.tsv:3: not valid UTF-8: byte 0xe9 at offset 20'),
+    ('GLUE header', lambda t: data.load_split('sst2', _sst2_dev(t, b'text\tlabel\n'), 'test'),
+     ValueError, r"dev\.tsv: expected the header \"sentence\\tlabel\", got 'text\\tlabel'"),
+    ('corrupt tokenizer.json', _corrupt_tokenizer,
+     ValueError, r'^tokenizer file .*tokenizer\.json is not a valid tokenizers JSON file \('),
+    ('unreadable vocab.txt', _bad_vocab,
+     ValueError, r'^vocab_file .*vocab\.txt is not a readable vocab\.txt \('),
+    ('class balance one class', lambda t: data.check_class_balance(np.zeros(7, int), 'dev.tsv'),
+     ValueError, r'^dev\.tsv: class counts \{0: 7, 1: 0\} \(7 rows\): class 1 is missing'),
+    ('fingerprint str', lambda t: data.fingerprint('tokenizer.json'),
+     ValueError, r"^paths must be a sequence of file paths, got the string 'tokenizer\.json'"),
+    ('fingerprint missing file', lambda t: data.fingerprint([os.path.join(t, 'gone.tsv')]),
+     FileNotFoundError, r'^data file .*gone\.tsv not found\.$'),
+    ('fingerprint changed', lambda t: data.check_fingerprint({'a.tsv': 'f' * 64},
+                                                             {'a.tsv': '0' * 64}),
+     ValueError, r'^the data changed since this fingerprint was stored: a\.tsv \(sha256 '
+                 r'ffffffffffff… now 000000000000…\)\.$'),
+    ('source_files task', lambda t: data.source_files('mnli', t),
+     ValueError, r"^task must be one of .*, got 'mnli'\.$"),
+    ('encode max_length', lambda t: data.encode(
+        _tokenizer(), data.Examples(['a cat'], None, np.array([1])), 1),
+     ValueError, r'^max_length must be an integer >= 2, got 1\.$'),
+    ('batches batch_size', lambda t: next(data.batches(
+        data.Encoded([np.array([2, 3])], [np.array([0, 0])], np.array([1])), 0)),
+     ValueError, r'^batch_size must be an integer >= 1, got 0\.$'),
+    ('vocab_size', lambda t: data.train_tokenizer(['a b'], 3),
+     ValueError, r'^vocab_size must be an integer >= 6, got 3\.$'),
+]
+
+
+_JAX_FOOTER = '\n--------------------\nFor simplicity, JAX has removed its internal frames'
+
+
+@pytest.mark.parametrize('call, error, match', [pytest.param(*c[1:], id=c[0]) for c in CASES])
+def test_bad_input_raises_one_line_naming_the_value(call, error, match, tmp_path):
+  with pytest.raises(error) as info:
+    call(str(tmp_path))
+  assert info.type is error                     # not a subclass that happens to match
+  # Errors raised while jax traces (flax's init, shard_map) get jax's footer appended.
+  message = str(info.value).split(_JAX_FOOTER)[0]
+  assert re.search(match, message), (match, message)
+  assert '\n' not in message                    # one line
+
+
+def test_enough_cases():
+  assert len(CASES) >= 45
+  assert len({c[0] for c in CASES}) == len(CASES)
