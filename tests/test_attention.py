@@ -5,6 +5,7 @@ bidirectional paths (materialised, fused XLA, Pallas in interpret mode) of every
 attention map against a float64 log-space reference of the kernel's ratio.
 """
 
+from absl.testing import parameterized
 import chex
 import jax
 import jax.numpy as jnp
@@ -298,3 +299,29 @@ def test_every_path_is_the_exact_kernel_ratio_at_norms_1_8_40(name):
   bf = jax.jit(paths['materialised'])(*(a.astype(jnp.bfloat16) for a in (q, k, v)), omega)
   chex.assert_type(bf, jnp.bfloat16)
   assert np.all(np.isfinite(np.asarray(bf, np.float32)))
+
+
+class AttentionVariantsTest(chex.TestCase):
+  """The paths with and without jit, in float32 and under jax_enable_x64."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(False, True)
+  def test_paths_agree_float32_and_x64(self, x64):
+    with jax.enable_x64(x64):
+      dtype = jnp.float64 if x64 else jnp.float32
+      q, k, v, omega, mask = (a if a.dtype == bool else a.astype(dtype)
+                              for a in _fused_inputs(length=9))
+      materialised = self.variant(lambda *a: _unfused(*a, 'softplus', mask))(q, k, v, omega)
+      fused = self.variant(lambda *a: attention.fused_linear_attention(
+          *a, feature_map='softplus', key_mask=mask, chunk_size=4))(q, k, v, omega)
+      causal = self.variant(lambda *a: attention.causal_linear_attention(
+          *a, mask, chunk_size=4))(features.favor(q, omega[0]), features.favor(k, omega[0]), v)
+      chex.assert_type((materialised, fused, causal), dtype)
+      chex.assert_shape((materialised, fused, causal), v.shape)
+      keep = mask[..., None, None]
+      chex.assert_trees_all_close(jnp.where(keep, fused, 0), jnp.where(keep, materialised, 0),
+                                  atol=1e-12 if x64 else 2e-6)
+      explicit = _explicit(features.favor(q, omega[0]), features.favor(k, omega[0]), v, mask,
+                           causal=True)
+      chex.assert_trees_all_close(jnp.where(keep, causal, 0), np.where(keep, explicit, 0),
+                                  atol=1e-12 if x64 else 2e-6)

@@ -1,5 +1,6 @@
 """Tests of coulomb_jax.models.KernelAttention."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -172,3 +173,32 @@ def test_init_radius_projects_the_initial_particles():
   norms = jnp.linalg.norm(params['particles'], axis=-1)
   assert float(jnp.max(norms)) <= 1.5 + 1e-5
   assert float(jnp.mean(norms > 1.499)) > 0.5       # most N(0, I) rows in 4-d lie outside
+
+
+class ModelVariantsTest(chex.TestCase):
+  """KernelAttention's apply with and without jit, float32 and under jax_enable_x64."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_kernel_attention_float32_and_x64(self):
+    mask = jnp.arange(L)[None] < jnp.array([L, 4])[:, None]
+    for x64 in (False, True):
+      with jax.enable_x64(x64):
+        x = _x().astype(jnp.float64 if x64 else jnp.float32)
+        module = models.KernelAttention(num_heads=H, feature_map='softmaxfeat', num_features=M)
+        params = jax.jit(module.init)(jax.random.key(0), x, mask)
+        out = self.variant(module.apply)(params, x, mask)
+        chex.assert_shape(out, x.shape)
+        chex.assert_type(out, x.dtype)
+        assert np.all(np.isfinite(out))
+
+
+def test_encoder_under_x64():
+  ids, seg, mask = _tokens([7, 3], 8)
+  with jax.enable_x64(True):
+    model = _encoder(attention='kernel', feature_map='porf_softplus', num_layers=1)
+    params = jax.jit(model.init)(jax.random.key(0), ids, seg, mask)
+    logits = jax.jit(model.apply)(params, ids, seg, mask)
+    chex.assert_shape(logits, (2, 2))
+    chex.assert_type(logits, jnp.float32)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(p, ids, seg, mask))))(params)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))

@@ -8,6 +8,7 @@ block, several key splits and feature blocks, and a padded batch row.
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,3 +215,26 @@ def test_causal_bad_input():
     pa.pallas_causal_linear_attention(q, k, v, omega, chunk_size=24)
   with pytest.raises(ValueError, match='feature_map'):
     pa.pallas_causal_linear_attention(q, k, v, omega, feature_map='rff')
+
+
+class PallasVariantsTest(chex.TestCase):
+  """The kernels with and without jit; under jax_enable_x64 float64 in, float64 out."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_kernels_with_and_without_jit_and_x64(self):
+    q, k, v, omega, mask = _inputs(jax.random.key(15), length=20)
+    fn = self.variant(functools.partial(pa.pallas_linear_attention, feature_map='sigmoid2',
+                                        key_mask=mask, **BLOCKS))
+    out = fn(q, k, v, omega)
+    chex.assert_shape(out, v.shape)
+    chex.assert_trees_all_close(out, _xla(q, k, v, omega, mask, 'sigmoid2'), rtol=2e-5,
+                                atol=2e-6)
+    with jax.enable_x64(True):
+      q64, k64, v64, omega64 = (a.astype(jnp.float64) for a in (q, k, v, omega))
+      out64 = self.variant(functools.partial(
+          pa.pallas_causal_linear_attention, feature_map='porf_softplus', key_mask=mask,
+          **CAUSAL))(q64, k64, v64, omega64)
+      chex.assert_type(out64, jnp.float64)        # the kernels compute in float32
+      ref = pa._causal_reference(q64, k64, v64, omega64, mask, name='porf_softplus',
+                                 eps=attention.DEFAULT_EPS)
+      chex.assert_trees_all_close(_real(out64, mask), _real(ref, mask), rtol=2e-5, atol=2e-6)
