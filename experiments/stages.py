@@ -184,6 +184,7 @@ class Run:
   chief: bool = True
   stop_after_steps: Optional[int] = None
   save_prefix: Optional[Callable[[], None]] = None
+  progress: Any = None          # experiments.progress.Progress over all the run's steps
   steps_this_call: int = 0
 
   def out_of_time(self) -> bool:
@@ -191,6 +192,13 @@ class Run:
 
   def global_step(self) -> int:
     return int(self.ckpt['step_a']) + int(self.ckpt['step_b'])
+
+  def progress_line(self, done: int) -> str:
+    """``done/total steps, elapsed, rate, ETA`` of the whole run (Phase A and B steps)."""
+    if self.progress is None:
+      return ''
+    self.progress.done = done
+    return self.progress.line().split('] ', 1)[-1]
 
   def log_record(self, record: dict) -> None:
     if self.chief:
@@ -201,19 +209,6 @@ class Run:
     if self.writer is not None:
       for k, v in values.items():
         self.writer.add_scalar(f'{prefix}/{k}', float(v), step)
-
-
-class _Throughput:
-  """Steps/s and examples/s since the previous progress line (evaluation included)."""
-
-  def __init__(self, step):
-    self.step, self.time = step, time.time()
-
-  def rate(self, step, batch_size):
-    now = time.time()
-    per_s = (step - self.step) / max(now - self.time, 1e-9)
-    self.step, self.time = step, now
-    return f'{per_s:.1f} steps/s, {per_s * batch_size:.0f} examples/s'
 
 
 def run_stage(run: Run, index: int) -> bool:
@@ -262,7 +257,9 @@ def run_phase_b(run: Run, index: int, stage) -> bool:
   first, last = stage.first_epoch * run.spe_b, (stage.first_epoch + stage.num_epochs) * run.spe_b
   state = training.TrainState(ck['step_b'], ck['params'], ck['opt_b'])
   start, tick = max(int(state.step), first), time.time()
-  meter = _Throughput(start)
+  if start < last:
+    logging.info('phase B epochs %d-%d (stage %d/%d): compiling the step ...', stage.first_epoch,
+                 stage.first_epoch + stage.num_epochs - 1, index + 1, len(run.stages))
   for t in range(start, last):
     epoch = t // run.spe_b
     if t == start or t % run.spe_b == 0:
@@ -273,7 +270,8 @@ def run_phase_b(run: Run, index: int, stage) -> bool:
     if (t + 1) % config.run.log_every == 0:
       m = jax.device_get(m)
       logging.info('phase B step %d/%d (epoch %d): loss %.4f acc %.3f; %s', t + 1, run.total_b,
-                   epoch, m['loss'], m['accuracy'], meter.rate(t + 1, b.batch_size))
+                   epoch, m['loss'], m['accuracy'],
+                   run.progress_line(int(ck['step_a']) + t + 1))
       run.log_scalars('phase_b', m, t + 1)
     end_of_epoch = (t + 1) % run.spe_b == 0
     periodic = config.run.checkpoint_every and (t + 1) % config.run.checkpoint_every == 0
@@ -440,7 +438,7 @@ def run_phase_a(run: Run, index: int, stage) -> bool:
   hist_d = ld.LogHistogram(counts=ck['hist_drift'])
   hist_f = ld.LogHistogram(counts=ck['hist_force'])
   state = training.TrainState(i32(start), ck['params'], ck['opt_a'])
-  meter, tick = _Throughput(start), time.time()
+  tick = time.time()
   if start < n_steps:
     logging.info('%s: compiling and running %d steps ...', what, n_steps - start)
 
@@ -458,7 +456,7 @@ def run_phase_a(run: Run, index: int, stage) -> bool:
                    'held-out ρ %.4f A %.4g; %s', what, t + 1, n_steps, m['hamiltonian'],
                    m['alignment'], m['repulsion'], m['max_move'],
                    float(np.median(m['drift_to_noise'])), h['centered_alignment'],
-                   h['alignment'], meter.rate(t + 1, a.batch_size))
+                   h['alignment'], run.progress_line(base + t + 1 + int(ck['step_b'])))
       scalars = {k: m[k] for k in ('hamiltonian', 'alignment', 'repulsion', 'max_move')}
       scalars.update(drift_to_noise=float(np.median(m['drift_to_noise'])),
                      heldout_alignment=h['alignment'],

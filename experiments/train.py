@@ -42,6 +42,7 @@ from coulomb_jax import features
 from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import models
 from coulomb_jax import training
+from experiments import progress
 from experiments import provenance
 from experiments import stages
 
@@ -524,8 +525,11 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str, meta: dict, *,
     logging.info('Resumed from %s: stage %d/%d, step %d of it.', manager.directory,
                  int(ckpt['stage']) + 1, len(stage_list), int(ckpt['stage_step']))
   chief = jax.process_index() == 0
+  kind = run_kind(config, params)
+  total_a = sum(spe_a * s.num_epochs for s in stage_list if s.phase == 'a') if kind == 'kernel' else 0
+  done = int(ckpt['step_a']) + int(ckpt['step_b'])
   run = stages.Run(
-      config=config, workdir=workdir, kind=run_kind(config, params), model=model,
+      config=config, workdir=workdir, kind=kind, model=model,
       encoded=encoded, sharder=sharder, paths=paths, stages=stage_list, ckpt=ckpt,
       save=lambda: _save(manager, run.ckpt), langevin_key=langevin_key,
       dropout_key=dropout_key, step_b=jax.jit(training.make_phase_b_step(model, opt_b)),
@@ -537,7 +541,9 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str, meta: dict, *,
       select_from=training.first_selectable_epoch(stage_list),
       writer=_open_writer(workdir) if chief else None, chief=chief,
       stop_after_steps=stop_after_steps,
-      save_prefix=lambda: _save_prefix(workdir, run.ckpt))
+      save_prefix=lambda: _save_prefix(workdir, run.ckpt),
+      progress=progress.Progress('train', total=total_a + spe_b * b.num_epochs, unit='step',
+                                 done=done))
   return run, sessions
 
 
