@@ -5,7 +5,14 @@ r"""SST-2 (GLUE): train on GLUE train minus 1,000 validation rows, report on GLU
 Variants and fields: see ``configs/text.py``.
 """
 
-from configs import text
+import os
+import sys
+
+try:
+  from configs import text
+except ImportError:  # Loaded by path from outside the repository (config_flags): add its root.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from configs import text
 
 
 def get_config(variant: str = ''):
