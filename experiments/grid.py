@@ -3,6 +3,10 @@ r"""Runs a grid of ``experiments.train`` runs (datasets × variants × seeds), o
   python -m experiments.grid --dataset=rotten_tomatoes --seeds=0,1,2 --workdir=workdir/grid \
       -- --config.phase_b.num_epochs=5
 
+or ``python path/to/experiments/grid.py ...`` from any folder (each run is
+``experiments/train.py`` launched by path). A bad ``--dataset``, ``--variants`` or
+``--seeds`` ends in one line before any run starts (``experiments.cli``).
+
 Each run goes to ``<workdir>/<dataset>/<variant>/seed<s>`` with its own log.
 Finished runs (``results.json`` present) are skipped and interrupted ones
 resume from their checkpoint, so the same command continues a grid in a later
@@ -25,14 +29,23 @@ import subprocess
 import sys
 import time
 
-from absl import app
+if __name__ == '__main__' and not __package__:
+  # Launched as a file (python path/to/experiments/grid.py): the repository root
+  # must be importable for `experiments` and `configs`.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from absl import flags
 from absl import logging
 
 from configs import text
+from experiments import cli
 
+# Config files, relative to the repository root.
 DATASETS = {'sst2': 'configs/sst2.py', 'rotten_tomatoes': 'configs/rotten_tomatoes.py',
             'qqp_subset': 'configs/qqp.py'}
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Each run is this file launched by path: it works from any current folder.
+TRAIN = os.path.join(REPO_ROOT, 'experiments', 'train.py')
 
 
 def run_dir(workdir, dataset, variant, seed):
@@ -134,44 +147,103 @@ def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
   return failed
 
 
-def main(argv):
-  overrides = argv[1:]
-  fl = flags.FLAGS
-  for dataset in fl.dataset:
+def check_flags(fv) -> tuple:
+  """``(variants, seeds)`` of the flags; ``cli.ConfigError`` naming a bad value."""
+  if not fv.dataset:
+    raise cli.ConfigError(f'--dataset: expected names in {sorted(DATASETS)}, got none.')
+  for dataset in fv.dataset:
     if dataset not in DATASETS:
-      raise ValueError(f'--dataset: expected names in {sorted(DATASETS)}, got {dataset!r}.')
-  variants = text.VARIANTS if fl.variants == ['all'] else fl.variants
+      raise cli.ConfigError(f'--dataset: expected names in {sorted(DATASETS)}, got '
+                            f'{dataset!r}.')
+  variants = text.VARIANTS if fv.variants == ['all'] else fv.variants
   for v in variants:
-    text.parse_variant(v)                     # fails on a bad name before anything runs
-  try:
-    seeds = [int(s) for s in fl.seeds]
-  except ValueError:
-    raise ValueError(f'--seeds: expected integers, got {fl.seeds}.') from None
+    try:
+      text.parse_variant(v)                   # fails on a bad name before anything runs
+    except ValueError:
+      raise cli.ConfigError(f'--variants: {v!r} is not a variant; expected names from '
+                            f'{text.VARIANTS} (with modifiers {text.MODIFIERS}) or '
+                            "'all'.") from None
+  seeds = []
+  for s in fv.seeds:
+    try:
+      seeds.append(int(s))
+    except ValueError:
+      raise cli.ConfigError(f'--seeds: expected integers ≥ 0, got {s!r} in '
+                            f'{",".join(fv.seeds)!r}.') from None
+    if seeds[-1] < 0:
+      raise cli.ConfigError(f'--seeds: expected integers ≥ 0, got {s!r}.')
+  if not seeds:
+    raise cli.ConfigError('--seeds: expected integers ≥ 0, got none.')
   for name, low in (('jobs', 1), ('no_new_runs_after_s', 0), ('kill_after_s', 0)):
-    if getattr(fl, name) < low:
-      raise ValueError(f'--{name}: must be ≥ {low}, got {getattr(fl, name)}.')
-  runs = [(out, [sys.executable, '-m', 'experiments.train',
-                 f'--config={DATASETS[dataset]}:{variant}', f'--workdir={out}',
-                 f'--config.seed={seed}'] + overrides_for(overrides, dataset)
-            + prefix_override(fl.prefix_root, dataset, variant, seed, out))
-          for dataset, variant, seed, out in plan(fl.dataset, variants, seeds, fl.workdir)]
-  failed = run_all(runs, fl.jobs, fl.no_new_runs_after_s, fl.kill_after_s)
+    if fv[name].value < low:
+      raise cli.ConfigError(f'--{name}: expected an integer ≥ {low}, got {fv[name].value}.')
+  return variants, seeds
+
+
+def check_overrides(datasets, variants, overrides) -> None:
+  """Loads every run's config with its ``--config.`` overrides and checks it
+  (``train.check_config``) before any run starts: one ``cli.ConfigError`` naming the
+  dataset, variant and mistake (a misspelled field, a wrong type, a bad value)."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from experiments import train  # pylint: disable=g-import-not-at-top
+  for dataset in datasets:
+    args = [a for a in overrides_for(overrides, dataset) if a.startswith('--config.')]
+    for variant in variants:
+      argv = ['grid', f'--config={os.path.join(REPO_ROOT, DATASETS[dataset])}:{variant}', *args]
+      fv = flags.FlagValues()
+      config_flags.DEFINE_config_file('config', None, 'A run config.', lock_config=True,
+                                      flag_values=fv, sys_argv=argv)
+      try:
+        fv(argv)
+        config = fv.config
+        config.keys()
+      except (flags.Error, KeyError, AttributeError, OSError, TypeError, ValueError) as e:
+        raise cli.ConfigError(f'{dataset} {variant}: {cli.one_line(e, argv)}') from None
+      try:
+        train.check_config(config)
+      except ValueError as e:
+        raise cli.ConfigError(f'{dataset} {variant}: {e}') from None
+
+
+def commands(fv, overrides) -> list:
+  """``[(run_dir, command)]`` of the runs still to do (``plan``); every flag and run
+  config checked first."""
+  variants, seeds = check_flags(fv)
+  check_overrides(fv.dataset, variants, overrides)
+  return [(out, [sys.executable, TRAIN,
+                 f'--config={os.path.join(REPO_ROOT, DATASETS[dataset])}:{variant}',
+                 f'--workdir={out}', f'--config.seed={seed}'] + overrides_for(overrides, dataset)
+           + prefix_override(fv.prefix_root, dataset, variant, seed, out))
+          for dataset, variant, seed, out in plan(fv.dataset, variants, seeds, fv.workdir)]
+
+
+def main(argv, flag_values=None):
+  fv = flag_values if flag_values is not None else flags.FLAGS
+  failed = run_all(commands(fv, argv[1:]), fv.jobs, fv.no_new_runs_after_s, fv.kill_after_s)
   if failed:
     raise SystemExit(f'{len(failed)} run(s) failed: {failed}; see their log.txt')
 
 
-if __name__ == '__main__':
-  flags.DEFINE_list('dataset', None, f'Datasets, from {sorted(DATASETS)}.')
-  flags.DEFINE_list('variants', ['all'], f"Variants, or 'all' ({len(text.VARIANTS)}).")
-  flags.DEFINE_list('seeds', ['0'], 'Seeds.')
-  flags.DEFINE_string('workdir', 'workdir/grid', 'Root folder of the runs.')
-  flags.DEFINE_integer('jobs', 1, 'Runs at the same time.')
+def define_flags(flag_values=None) -> None:
+  """The flags of ``python -m experiments.grid`` (on ``flag_values``, default absl's)."""
+  fv = flag_values if flag_values is not None else flags.FLAGS
+  flags.DEFINE_list('dataset', None, f'Datasets, from {sorted(DATASETS)}.', flag_values=fv)
+  flags.DEFINE_list('variants', ['all'], f"Variants, or 'all' ({len(text.VARIANTS)}).",
+                    flag_values=fv)
+  flags.DEFINE_list('seeds', ['0'], 'Seeds (integers ≥ 0).', flag_values=fv)
+  flags.DEFINE_string('workdir', 'workdir/grid', 'Root folder of the runs.', flag_values=fv)
+  flags.DEFINE_integer('jobs', 1, 'Runs at the same time.', flag_values=fv)
   flags.DEFINE_string('prefix_root', '', "A grid root: kernel-, ball- and vanilla- runs start "
                       "from the Phase B prefix of that root's vanilla-<map> run of their seed "
-                      "(after_b / alternating schedules; '' = off).")
+                      "(after_b / alternating schedules; '' = off).", flag_values=fv)
   flags.DEFINE_integer('no_new_runs_after_s', 0, 'Start no run after this many seconds '
-                       '(0: no limit).')
+                       '(0: no limit).', flag_values=fv)
   flags.DEFINE_integer('kill_after_s', 0, 'End the runs still going after this many '
-                       'seconds; they resume later from their checkpoint (0: no limit).')
-  flags.mark_flags_as_required(['dataset'])
-  app.run(main)
+                       'seconds; they resume later from their checkpoint (0: no limit).',
+                       flag_values=fv)
+  flags.mark_flags_as_required(['dataset'], flag_values=fv)
+
+
+if __name__ == '__main__':
+  define_flags()
+  cli.run(main, config_flags=())
