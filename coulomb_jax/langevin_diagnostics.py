@@ -42,10 +42,18 @@ from coulomb_jax import alignment
 from coulomb_jax import langevin
 
 
+def _row_norms(g: jax.Array) -> jax.Array:
+  """‖g_k‖ over the last axis as m·‖g/m‖, m = max_i |g_ki|: no underflow of the squares
+  (a Riesz force with s = 62 has components ~1e-20, whose squares are 0 in float32)."""
+  g = jnp.asarray(g, jnp.promote_types(g.dtype, jnp.float32))
+  m = jnp.max(jnp.abs(g), axis=-1, keepdims=True)
+  safe = jnp.where(m > 0, m, 1.0)
+  return (safe * jnp.linalg.norm(g / safe, axis=-1, keepdims=True))[..., 0]
+
+
 def _particle_norms(tree) -> jax.Array:
   """``[P]``: ‖g_k‖ of every particle of every leaf ``[..., N, d]``, concatenated."""
-  return jnp.concatenate([jnp.linalg.norm(jnp.asarray(g, jnp.float32), axis=-1).ravel()
-                          for g in jax.tree.leaves(tree)])
+  return jnp.concatenate([_row_norms(g).ravel() for g in jax.tree.leaves(tree)])
 
 
 def _num_particles(tree) -> jax.Array:

@@ -15,7 +15,8 @@ and the held-out (validation rows) alignment A and centered alignment ρ of the
 initial, ball-projected and learned particles. No test data is read.
 
 The chosen setting maximises the mean over maps of the held-out gain
-ρ(learned) − ρ(ball); it is printed and written with the table
+ρ(learned) − ρ(ball) (a setting that fails on some map, e.g. a rule that finds no
+usable force, is listed with its error and not chosen); it is printed and written with the table
 (``phase_a_pilot_<dataset>.{json,md}``). The shuffled-label null is off here
 (``phase_a.null_run=False``) to halve the cost; the training runs of the chosen
 setting record it.
@@ -134,12 +135,16 @@ def main(argv):
     for m in _MAPS.value:
       config = pilot_config(vanilla[m], m, SETTINGS[name], _EPOCHS.value)
       workdir = os.path.join(_WORKDIR.value, dataset, name, m)
-      rows.setdefault(name, {})[m] = _row(run_phase_a(config, workdir))
-      r = rows[name][m]
+      try:
+        rows.setdefault(name, {})[m] = r = _row(run_phase_a(config, workdir))
+      except ValueError as e:      # A setting that cannot run here (e.g. no usable force).
+        rows.setdefault(name, {})[m] = {'failed': str(e)}
+        print(f'{name} {m}: failed: {e}', flush=True)
+        continue
       print(f"{name} {m}: ρ ball {r['rho_ball']:.4f} learned {r['rho_learned']:.4f} "
             f"drift/noise {r['drift_to_noise']:.3g} tilt {r['gibbs_tilt']:.3g}", flush=True)
   gains = {name: float(np.mean([r['rho_gain'] for r in maps.values()]))
-           for name, maps in rows.items()}
+           for name, maps in rows.items() if all('failed' not in r for r in maps.values())}
   chosen = max(gains, key=gains.get)
   meta = provenance.run_metadata('experiments.phase_a_pilot')
   record = dict(meta, dataset=dataset, seed=_SEED.value, runs=_RUNS.value,
@@ -158,6 +163,9 @@ def main(argv):
            'rep/align | tilt | moved | walk | inside |', '|' + '---|' * 12]
   for name, maps in rows.items():
     for m, r in maps.items():
+      if 'failed' in r:
+        lines.append(f"| {name} | {m} | failed: {r['failed']} |" + ' |' * 10)
+        continue
       lines.append(
           f"| {name} | {m} | {r['rho_initial']:.4f} | {r['rho_ball']:.4f} | "
           f"{r['rho_learned']:.4f} | {r['rho_gain']:+.4f} | {r['drift_to_noise']:.3g} | "

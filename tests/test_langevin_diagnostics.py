@@ -142,3 +142,11 @@ def test_log_histogram_median_to_one_bin_and_resumable():
   assert math.isnan(ld.LogHistogram().median())
   with pytest.raises(ValueError, match='counts'):
     ld.LogHistogram(counts=np.zeros(3))
+
+
+def test_tiny_forces_do_not_underflow_to_zero():
+  # A Coulomb force in d = 64 (s = 62) has components ~1e-20: squared they underflow.
+  g = jnp.full((3, 64), 1e-20, jnp.float32)
+  np.testing.assert_allclose(ld.force_ratio(g, jnp.full((3, 64), 1e-6), 1.0), [1e-14] * 3,
+                             rtol=1e-5)
+  assert ld.relative_lam(g, jnp.full((3, 64), 1e-6), 1.0) == pytest.approx(1e14, rel=1e-5)
