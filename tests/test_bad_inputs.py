@@ -6,9 +6,12 @@ cases that need files. The regexes include the value itself (``'0.1'``, ``nan``,
 wrong shape, the file name), so a message that only says "invalid input" fails.
 """
 
+import fcntl
+import json
 import math
 import os
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -319,3 +322,206 @@ def test_bad_input_raises_one_line_naming_the_value(call, error, match, tmp_path
 def test_enough_cases():
   assert len(CASES) >= 45
   assert len({c[0] for c in CASES}) == len(CASES)
+
+
+# ----------------------------------------------------------------------------- command lines
+# experiments/train.py and experiments/grid.py command lines (issue 16 item 5, issue 17
+# item 4): each mistake ends in exit status 2 and one line '<program>: error: ...' on
+# standard error that names the value, before anything is computed. The flags are parsed
+# and main called as cli.run does, in this process, on fresh absl FlagValues.
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RT = os.path.join(_REPO, 'configs', 'rotten_tomatoes.py')
+
+
+def _train_args(t, *extra, variant='kernel-elu,quick'):
+  """A valid train.py command line on a generated Rotten Tomatoes folder ``t``, plus ``extra``."""
+  return [f'--config={_RT}:{variant}', f'--workdir={os.path.join(t, "w")}',
+          f'--config.data.data_dir={_mr(t, 300)}', *extra]
+
+
+def _workdir_file(name, content):
+  """The train.py arguments for a run folder that holds ``name`` with ``content`` (str or
+  a callable of the data folder)."""
+  def args(t):
+    argv = _train_args(t)
+    os.makedirs(os.path.join(t, 'w'), exist_ok=True)
+    with open(os.path.join(t, 'w', name), 'w', encoding='utf-8') as f:
+      f.write(content(t) if callable(content) else content)
+    return argv
+  return args
+
+
+def _changed_data_fingerprint(t):
+  files = data.fingerprint(data.source_files('rotten_tomatoes', _mr(t, 300)), root=t)
+  files['rotten_tomatoes/rt-polarity.pos'] = 'f' * 64
+  return '{"files": %s}' % json.dumps(files)
+
+
+def _busy(t):
+  """The workdir's lock held by another open file (as another process would)."""
+  os.makedirs(os.path.join(t, 'w'))
+  holder = open(os.path.join(t, 'w', 'lock'), 'w', encoding='utf-8')  # pylint: disable=consider-using-with
+  holder.write('pid 4242 on host elsewhere since 2026-01-01T00:00:00+00:00\n')
+  holder.flush()
+  fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  _LOCK_HOLDERS.append(holder)           # Held until the test ends (closed by the fixture).
+  return _train_args(t)
+
+
+_LOCK_HOLDERS = []
+_GRID = lambda t, *a: ['--dataset=sst2', f'--workdir={os.path.join(t, "g")}', *a]
+_OVERRIDE = lambda t, *a: _GRID(t, '--variants=softmax', '--', f'--config.data.data_dir={t}', *a)
+
+CLI_CASES = [
+    # --------------------------------------------------------------------- train.py: flags
+    ('train misspelled field', 'train',
+     lambda t: _train_args(t, '--config.phase_a.lamb=0.1'),
+     r"^--config\.phase_a\.lamb=0\.1: unknown config field 'lamb'\. Did you mean \"lam\""),
+    ('train misspelled section', 'train',
+     lambda t: _train_args(t, '--config.phse_b.learning_rate=0.1'),
+     r"^--config\.phse_b\.learning_rate=0\.1: unknown config field 'phse_b'\. Did you mean "
+     r'"phase_b"'),
+    ('train unknown variant', 'train', lambda t: _train_args(t, variant='kernel-rff'),
+     r"variant: expected one of .* plus modifiers \('quick',\), got 'kernel-rff'\.$"),
+    ('train string for a float', 'train',
+     lambda t: _train_args(t, '--config.phase_a.lam=small'),
+     r"^flag --config\.phase_a\.lam=small: could not convert string to float: 'small'$"),
+    ('train string for an int', 'train',
+     lambda t: _train_args(t, '--config.phase_b.batch_size=sixteen'),
+     r"--config\.phase_b\.batch_size=sixteen: .*'sixteen'"),
+    ('train float for an int', 'train',
+     lambda t: _train_args(t, '--config.phase_b.num_epochs=2.5'),
+     r'--config\.phase_b\.num_epochs=2\.5: .*2\.5'),
+    ('train negative lambda', 'train', lambda t: _train_args(t, '--config.phase_a.lam=-1'),
+     r'^config\.phase_a\.lam: expected a finite number ≥ 0, got -1\.0\.$'),
+    ('train NaN lambda', 'train', lambda t: _train_args(t, '--config.phase_a.lam=nan'),
+     r'^config\.phase_a\.lam: expected a finite number ≥ 0, got nan\.$'),
+    ('train inf step size', 'train', lambda t: _train_args(t, '--config.phase_a.step_size=inf'),
+     r'^config\.phase_a\.step_size: expected a finite number > 0, got inf\.$'),
+    ('train negative learning rate', 'train',
+     lambda t: _train_args(t, '--config.phase_b.learning_rate=-0.001'),
+     r'^config\.phase_b\.learning_rate: expected a finite number > 0, got -0\.001\.$'),
+    ('train NaN dropout', 'train', lambda t: _train_args(t, '--config.model.dropout_rate=nan'),
+     r'^config\.model\.dropout_rate: expected a number in \[0, 1\), got nan\.$'),
+    ('train riesz_s not a number', 'train',
+     lambda t: _train_args(t, '--config.phase_a.riesz_s=two'),
+     r"^config\.phase_a\.riesz_s: expected 'coulomb' or a number ≥ 0 .*, got 'two'\.$"),
+    ('train batch size 0', 'train', lambda t: _train_args(t, '--config.phase_b.batch_size=0'),
+     r'^config\.phase_b\.batch_size: expected an integer ≥ 1, got 0\.$'),
+    ('train missing data folder', 'train',
+     lambda t: _train_args(t, f'--config.data.data_dir={os.path.join(t, "nowhere")}'),
+     r"^config\.data\.data_dir: expected an existing folder with the data, got '.*nowhere'\.$"),
+    ('train bad process_id', 'train',
+     lambda t: _train_args(t, '--jax_distributed', '--coordinator_address=127.0.0.1:1234',
+                           '--num_processes=2', '--process_id=2'),
+     r'^--process_id: expected 0 \.\. 1 \(for --num_processes=2\), got 2\.$'),
+    ('train coordinator without jax_distributed', 'train',
+     lambda t: _train_args(t, '--coordinator_address=127.0.0.1:1234', '--num_processes=2',
+                           '--process_id=0'),
+     r'^--coordinator_address=127\.0\.0\.1:1234: needs --jax_distributed\.$'),
+    ('train coordinator without a port', 'train',
+     lambda t: _train_args(t, '--jax_distributed', '--coordinator_address=localhost',
+                           '--num_processes=2', '--process_id=0'),
+     r"^--coordinator_address: expected HOST:PORT, got 'localhost'\.$"),
+    ('train stop_after_steps 0', 'train', lambda t: _train_args(t, '--stop_after_steps=0'),
+     r'^--stop_after_steps: expected an integer ≥ 1, got 0\.$'),
+    ('train no workdir', 'train', lambda t: [f'--config={_RT}:softmax'],
+     r'^--workdir: required'),
+    # -------------------------------------------------------------- train.py: the workdir
+    ('train corrupt config.json', 'train', _workdir_file('config.json', '{"seed": 0,'),
+     r'/w/config\.json is not valid JSON \(Expecting .*\): the file is damaged'),
+    ('train config.json of another run', 'train', _workdir_file('config.json', '{"seed": 5}'),
+     r"^workdir: '.*/w' holds a run with a different config \(.*/w/config\.json\)"),
+    ('train corrupt history.jsonl', 'train',
+     _workdir_file('history.jsonl', '{"epoch": 0, "t": \n{"epoch": 1, "t": 8}\n'),
+     r'/w/history\.jsonl:1 is not valid JSON \(.*\): the file is damaged'),
+    ('train corrupt tokenizer.json', 'train', _workdir_file('tokenizer.json', '{"version": '),
+     r'^tokenizer file .*/w/tokenizer\.json is not a valid tokenizers JSON file'),
+    ('train corrupt fingerprint.json', 'train', _workdir_file('fingerprint.json', '[1, 2'),
+     r'/w/fingerprint\.json is not valid JSON'),
+    ('train data changed', 'train', _workdir_file('fingerprint.json', _changed_data_fingerprint),
+     r"^the data of the run in '.*/w' changed since this fingerprint was stored: "
+     r'rotten_tomatoes/rt-polarity\.pos \(sha256 ffffffffffff… now [0-9a-f]{12}…\)\. Restore'),
+    ('train busy workdir', 'train', _busy,
+     r"^workdir '.*/w' is in use by pid 4242 on host elsewhere since 2026-01-01T00:00:00\+00:00 "
+     r'\(lock .*/w/lock\)'),
+    # ---------------------------------------------------------------------------- grid.py
+    ('grid unknown dataset', 'grid', lambda t: ['--dataset=sst3'],
+     r"^--dataset: expected names in \['qqp_subset', 'rotten_tomatoes', 'sst2'\], got 'sst3'\.$"),
+    ('grid seeds not integers', 'grid', lambda t: _GRID(t, '--seeds=0,one'),
+     r"^--seeds: expected integers ≥ 0, got 'one' in '0,one'\.$"),
+    ('grid negative seed', 'grid', lambda t: _GRID(t, '--seeds=-1'),
+     r"^--seeds: expected integers ≥ 0, got '-1'\.$"),
+    ('grid unknown variant', 'grid', lambda t: _GRID(t, '--variants=softmax,kernel-rff'),
+     r"^--variants: 'kernel-rff' is not a variant"),
+    ('grid jobs 0', 'grid', lambda t: _GRID(t, '--jobs=0'),
+     r'^--jobs: expected an integer ≥ 1, got 0\.$'),
+    ('grid misspelled flag', 'grid', lambda t: ['--datset=sst2'],
+     r"^Unknown command line flag 'datset'\. Did you mean: dataset \?$"),
+    ('grid misspelled config field', 'grid', lambda t: _OVERRIDE(t, '--config.phase_a.lamb=1'),
+     r"^sst2 softmax: --config\.phase_a\.lamb=1: unknown config field 'lamb'\. Did you mean "
+     r'"lam"'),
+    ('grid NaN config value', 'grid', lambda t: _OVERRIDE(t, '--config.phase_b.clip_norm=nan'),
+     r'^sst2 softmax: config\.phase_b\.clip_norm: expected a finite number > 0, got nan\.$'),
+    ('grid string config value', 'grid', lambda t: _OVERRIDE(t, '--config.seed=one'),
+     r"^sst2 softmax: flag --config\.seed=one: .*'one'"),
+]
+
+
+@pytest.fixture
+def _release_locks():
+  yield
+  while _LOCK_HOLDERS:
+    _LOCK_HOLDERS.pop().close()
+
+
+@pytest.mark.parametrize('program, argv, match',
+                         [pytest.param(*c[1:], id=c[0]) for c in CLI_CASES])
+def test_bad_command_line_ends_in_one_line_naming_the_value(program, argv, match, tmp_path,
+                                                            monkeypatch, capsys, _release_locks):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from experiments import cli  # pylint: disable=g-import-not-at-top
+  from experiments import grid  # pylint: disable=g-import-not-at-top
+  from experiments import train  # pylint: disable=g-import-not-at-top
+  module = {'train': train, 'grid': grid}[program]
+  monkeypatch.delenv('COULOMB_JAX_DATA', raising=False)
+  args = argv(str(tmp_path))
+  monkeypatch.setattr(sys, 'argv', [f'{program}.py'] + args)   # config_flags reads sys.argv
+  fv = flags.FlagValues()
+  module.define_flags(fv)
+  with pytest.raises(SystemExit) as info:                     # what cli.run does
+    rest = cli.parse_flags(sys.argv, flag_values=fv)
+    try:
+      module.main(rest, fv)
+    except cli.ConfigError as e:
+      cli.fail(str(e))
+  assert info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count('\n') == 1 and err.startswith(f'{program}: error: '), err
+  message = err[len(f'{program}: error: '):].rstrip('\n')
+  assert re.search(match, message), (match, message)
+  assert not os.path.exists(os.path.join(str(tmp_path), 'w', 'results.json'))
+
+
+def test_unset_data_folder_names_where_it_looked(tmp_path, monkeypatch):
+  from configs import rotten_tomatoes  # pylint: disable=g-import-not-at-top
+  from experiments import train  # pylint: disable=g-import-not-at-top
+  config = rotten_tomatoes.get_config('softmax')
+  assert config.data.data_dir == ''
+  monkeypatch.setenv('COULOMB_JAX_DATA', str(tmp_path / 'missing'))
+  with pytest.raises(ValueError, match=r"^config\.data\.data_dir: not set, and "
+                     r"\$COULOMB_JAX_DATA='.*missing' is not a folder; set "
+                     r'--config\.data\.data_dir=FOLDER or COULOMB_JAX_DATA=FOLDER'):
+    train.check_config(config)
+  monkeypatch.delenv('COULOMB_JAX_DATA')
+  monkeypatch.setattr(train, 'DEFAULT_DATA_DIR', str(tmp_path / 'shared' / 'data'))
+  with pytest.raises(ValueError, match=r'^config\.data\.data_dir: not set, and '
+                     r'\$COULOMB_JAX_DATA is not set and \.\./shared/data next to the '
+                     r'repository \(.*/shared/data\) is not a folder'):
+    train.check_config(config)
+
+
+def test_enough_cli_cases():
+  assert len(CLI_CASES) >= 15
+  assert len({c[0] for c in CLI_CASES}) == len(CLI_CASES)
