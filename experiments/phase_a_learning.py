@@ -1,0 +1,282 @@
+r"""Does Phase A learn inside the Transformer, and does it help? The decisive comparison.
+
+  python -m experiments.phase_a_learning --runs=workdir/learn --pilots=results \
+      --out=results/phase_a_learning.json --docs=docs/phase_a_learning.md
+
+Reads a grid of ``experiments.train`` runs (``experiments.grid``) in which each
+map has Kernel-X (Phase A in the learning regime), Ball-X (the same schedule and
+ball, no Langevin) and Vanilla-X (random particles) for the same seeds, all with
+the same Phase B epochs, and writes per dataset and map:
+
+* the Phase A diagnostics of the Kernel-X runs (``results.json['phase_a']``,
+  see ``experiments/stages.py``): medians over seeds of drift/noise,
+  repulsion/alignment, Gibbs tilt and displacements; means over seeds of the
+  held-out alignment A and centered alignment ρ of the initial, ball-projected,
+  learned and shuffled-label (null) particles;
+* Kernel − Ball and Kernel − Vanilla test-metric differences paired by seed,
+  with their 95% Student-t intervals;
+* the settings (the Kernel-X runs' Phase A and schedule fields, and the pilot
+  that chose them, ``results/phase_a_pilot_<dataset>.json``).
+
+and two figures per dataset in ``docs/figures/``: held-out ρ against Phase A step
+(learned, with the initial and ball levels of each stage; seed 0) and a forest
+plot of the paired differences. The markdown page keeps its hand-written
+analysis block (between the ``report`` markers) and regenerates the rest.
+"""
+
+import json
+import os
+from typing import Dict, List, Optional
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from configs import text
+from experiments import provenance
+from experiments import report
+from experiments import report_figures
+
+METRICS = ('accuracy', 'mcc', 'log_loss', 'brier', 'ece')
+LABELS = {'accuracy': 'accuracy', 'mcc': 'MCC', 'log_loss': 'LogLoss', 'brier': 'Brier',
+          'ece': 'ECE'}
+_SETTING_FIELDS = ('schedule', 'after_b_epochs', 'num_epochs', 'relative_step', 'gibbs_tilt',
+                   'relative_lam', 'riesz_s', 'softening', 'radius', 'clip_norm', 'step_size',
+                   'beta', 'lam', 'batch_size', 'null_run', 'calibration_rows', 'heldout_rows')
+DIAGNOSTICS = ('drift_to_noise', 'repulsion_to_alignment', 'gibbs_tilt', 'displacement',
+               'random_walk_displacement', 'inside_fraction')
+
+
+def paired_diff(treated: Dict[int, dict], base: Dict[int, dict]) -> Dict[str, dict]:
+  """``{metric: {mean, ci95: [lo, hi], n, seeds}}`` of treated − base test metrics by seed."""
+  seeds = sorted(set(treated) & set(base))
+  out = {}
+  for k in METRICS:
+    d = [treated[s]['test'][k] - base[s]['test'][k] for s in seeds]
+    summary = report.summarize(d) if d else {'mean': None, 'std': None, 'n': 0}
+    mean, half = report_figures.t_interval(summary)
+    out[k] = {'mean': summary['mean'], 'std': summary['std'], 'n': len(d),
+              'ci95': [mean - half, mean + half] if np.isfinite(half) else None,
+              'seeds': seeds}
+  return out
+
+
+def map_summary(kernel: Dict[int, dict], ball: Dict[int, dict],
+                vanilla: Dict[int, dict]) -> dict:
+  """One map's entry of the binding JSON (see the module docstring)."""
+  reports = [r['phase_a'] for _, r in sorted(kernel.items()) if 'phase_a' in r]
+  out = {'seeds': {'kernel': sorted(kernel), 'ball': sorted(ball), 'vanilla': sorted(vanilla)}}
+  for field in DIAGNOSTICS:
+    values = [p[field] for p in reports if p.get(field) is not None]
+    out[field] = float(np.median(values)) if values else None
+  for field in ('heldout_alignment', 'heldout_centered_alignment'):
+    kinds = [k for k in ('initial', 'ball', 'learned', 'null')
+             if reports and all(k in p[field] for p in reports)]
+    out[field] = {k: float(np.mean([p[field][k] for p in reports])) for k in kinds}
+  out['paired_kernel_minus_ball'] = paired_diff(kernel, ball)
+  out['paired_kernel_minus_vanilla'] = paired_diff(kernel, vanilla)
+  out['test'] = {kind: {k: report.summarize([r['test'][k] for r in runs.values()])
+                        for k in METRICS}
+                 for kind, runs in (('kernel', kernel), ('ball', ball), ('vanilla', vanilla))}
+  return out
+
+
+def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
+  by = {}
+  for r in runs:
+    by.setdefault(r['variant'], {})[r['seed']] = r
+  kernels = [r for v, group in by.items() if v.startswith('kernel-') for r in group.values()]
+  if not kernels:
+    raise ValueError('no finished kernel-<map> run in this dataset')
+  first = kernels[0]['config']
+  settings = {f'phase_a.{k}': first['phase_a'].get(k) for k in _SETTING_FIELDS}
+  settings['phase_b.num_epochs'] = first['phase_b']['num_epochs']
+  settings['data.validation_rule'] = first['data'].get('validation_rule')
+  for r in kernels:   # One setting per dataset: every Kernel-X run must have it.
+    mine = {f'phase_a.{k}': r['config']['phase_a'].get(k) for k in _SETTING_FIELDS}
+    diff = [k for k in mine if mine[k] != settings[k]]
+    if diff:
+      raise ValueError(f'{r["path"]}: Phase A settings {diff} differ from the other '
+                       'Kernel-X runs of this dataset.')
+  if pilot is not None:
+    settings['chosen_by'] = {'pilot': pilot['command'], 'commit': pilot['commit'],
+                             'setting': pilot['chosen'],
+                             'rule': 'largest mean held-out ρ(learned) − ρ(ball) over maps, '
+                                     'validation rows of seed ' + str(pilot['seed'])}
+  maps = {m: map_summary(by.get(f'kernel-{m}', {}), by.get(f'ball-{m}', {}),
+                         by.get(f'vanilla-{m}', {}))
+          for m in text.MAPS if by.get(f'kernel-{m}')}
+  return {'settings': settings, 'maps': maps,
+          'commits': sorted({s['commit'] for r in runs for s in r.get('sessions', [])}),
+          'runs': len(runs)}
+
+
+def alignment_curves(run_dir: str, phase_a: dict) -> List[dict]:
+  """Per Phase A stage of one Kernel-X run: the held-out ρ against the run's Phase A step
+  (``history.jsonl``) and the stage's initial / ball / null levels."""
+  with open(os.path.join(run_dir, 'history.jsonl')) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  curves, offset = [], 0
+  for stage in phase_a['stages']:
+    points = [(offset + r['phase_a_step'], r['heldout']['centered_alignment'])
+              for r in records if r.get('stage') == stage['stage'] and 'phase_a_step' in r]
+    h = stage['heldout']
+    curves.append({'layer': stage['layer'], 'start': offset, 'end': offset + stage['steps'],
+                   'steps': [p[0] for p in points], 'rho': [p[1] for p in points],
+                   **{k: h[k]['centered_alignment'] for k in h}})
+    offset += stage['steps']
+  return curves
+
+
+def curves_figure(path: str, title: str, curves: Dict[str, List[dict]]) -> str:
+  """One panel per map: learned ρ (line), initial (dotted), ball (dashed), null (×)."""
+  plt = report_figures._pyplot()  # pylint: disable=protected-access
+  maps = list(curves)
+  cols = 4
+  rows = -(-len(maps) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.5 * rows), squeeze=False)
+  for ax in axes.ravel()[len(maps):]:
+    ax.axis('off')
+  for ax, m in zip(axes.ravel(), maps):
+    for i, c in enumerate(curves[m]):
+      label = (lambda s: s) if i == 0 else (lambda s: None)
+      ax.plot([c['start']] + c['steps'], [c['initial']] + c['rho'], '-', color='C3',
+              label=label('learned'))
+      ax.hlines(c['ball'], c['start'], c['end'], colors='C0', linestyles='--',
+                label=label('ball (Ball-X)'))
+      ax.hlines(c['initial'], c['start'], c['end'], colors='gray', linestyles=':',
+                label=label('initial'))
+      if 'null' in c:
+        ax.plot([c['end']], [c['null']], 'x', color='k', label=label('shuffled labels'))
+      ax.axvline(c['start'], color='lightgray', lw=0.6)
+      ax.text(c['start'], 1.0, f" layer {c['layer']}", fontsize=6, va='top',
+              transform=ax.get_xaxis_transform())
+    ax.set_title(m, fontsize=9)
+    ax.set_xlabel('Phase A step', fontsize=7)
+    ax.set_ylabel('held-out ρ', fontsize=7)
+    ax.tick_params(labelsize=6)
+  axes[0][0].legend(fontsize=6, loc='best')
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  return report_figures._save(fig, path)  # pylint: disable=protected-access
+
+
+def _fmt(x, digits=3):
+  return '—' if x is None else f'{x:.{digits}g}'
+
+
+def _ci(p):
+  if p['mean'] is None:
+    return '—'
+  ci = p['ci95']
+  inner = f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else ''
+  return f"{p['mean']:+.4f}{inner}"
+
+
+def dataset_markdown(dataset: str, s: dict, figures: Dict[str, str]) -> str:
+  lines = [f'## {dataset}', '',
+           f"Settings: `{json.dumps({k: v for k, v in s['settings'].items() if k != 'chosen_by'})}`",
+           '']
+  if 'chosen_by' in s['settings']:
+    c = s['settings']['chosen_by']
+    lines += [f"Chosen on validation rows by `{c['pilot']}` (setting `{c['setting']}`; "
+              f"{c['rule']}).", '']
+  lines += [f"![held-out alignment against Phase A step]({figures['curves']})", '',
+            f"![paired differences]({figures['paired']})", '',
+            '**Phase A diagnostics** (Kernel-X; medians over seeds; ρ: held-out centered '
+            'alignment on validation rows, mean over layers, heads and seeds):', '',
+            '| map | drift/noise | repulsion/alignment | Gibbs tilt β·ΔU | moved | noise-only walk '
+            '| inside ball | ρ initial | ρ ball | ρ learned | ρ null |', '|' + '---|' * 11]
+  for m, r in s['maps'].items():
+    h = r['heldout_centered_alignment']
+    lines.append(f"| {m} | {_fmt(r['drift_to_noise'])} | {_fmt(r['repulsion_to_alignment'])} | "
+                 f"{_fmt(r['gibbs_tilt'])} | {_fmt(r['displacement'])} | "
+                 f"{_fmt(r['random_walk_displacement'])} | {_fmt(r['inside_fraction'], 2)} | "
+                 + ' | '.join(_fmt(h.get(k), 3) for k in ('initial', 'ball', 'learned', 'null'))
+                 + ' |')
+  for key, title in (('paired_kernel_minus_ball', 'Kernel − Ball (the same ball, no Langevin)'),
+                     ('paired_kernel_minus_vanilla', 'Kernel − Vanilla')):
+    lines += ['', f'**{title}**, test split, paired by seed: mean [95% t-interval]:', '',
+              '| map | ' + ' | '.join(f'Δ {LABELS[k]}' for k in METRICS) + ' | n |',
+              '|' + '---|' * (len(METRICS) + 2)]
+    for m, r in s['maps'].items():
+      p = r[key]
+      lines.append(f'| {m} | ' + ' | '.join(_ci(p[k]) for k in METRICS)
+                   + f" | {p['accuracy']['n']} |")
+  lines += ['', '**Test metrics** (mean ± std over seeds):', '',
+            '| map | ' + ' | '.join(f'{v} {LABELS[k]}' for v in ('Kernel', 'Ball', 'Vanilla')
+                                     for k in ('accuracy', 'ece')) + ' |',
+            '|' + '---|' * 7]
+  for m, r in s['maps'].items():
+    cells = []
+    for kind in ('kernel', 'ball', 'vanilla'):
+      for k in ('accuracy', 'ece'):
+        t = r['test'][kind][k]
+        cells.append('—' if t['mean'] is None else
+                     f"{t['mean']:.4f}" + (f" ± {t['std']:.4f}" if t['std'] is not None else ''))
+    lines.append(f'| {m} | ' + ' | '.join(cells) + ' |')
+  lines += ['', f"Runs: {s['runs']}; commits: {', '.join(c[:7] for c in s['commits'])}.", '']
+  return '\n'.join(lines)
+
+
+def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
+          meta: dict) -> dict:
+  analysis = report.read_analysis(docs)           # fails before anything is written
+  finished, _ = report.load_runs(runs_dir)
+  result = {'datasets': {}}
+  parts = []
+  for dataset in (d for d in report.SPLIT_NAMES if any(r['dataset'] == d for r in finished)):
+    runs = [r for r in finished if r['dataset'] == dataset]
+    pilot_path = os.path.join(pilots_dir, f'phase_a_pilot_{dataset}.json')
+    pilot = None
+    if os.path.exists(pilot_path):
+      with open(pilot_path) as f:
+        pilot = json.load(f)
+    s = dataset_summary(runs, pilot)
+    result['datasets'][dataset] = s
+    curves = {}
+    for m in s['maps']:
+      seed0 = [r for r in runs if r['variant'] == f'kernel-{m}' and 'phase_a' in r]
+      if seed0:
+        r = min(seed0, key=lambda r: r['seed'])
+        curves[m] = alignment_curves(os.path.join(runs_dir, r['path']), r['phase_a'])
+    stem = os.path.join(figures_dir, f'phase_a_learning_{dataset}')
+    docs_dir = os.path.dirname(docs) or '.'
+    figs = {'curves': curves_figure(stem + '_alignment.png', f'{dataset}: held-out centered '
+                                    'alignment during Phase A (Kernel-X, lowest seed)', curves),
+            'paired': report_figures.paired_figure(
+                stem + '_paired.png', f'{dataset}: Kernel-X in the learning regime',
+                {'Kernel − Ball': {m: r['paired_kernel_minus_ball'] for m, r in s['maps'].items()},
+                 'Kernel − Vanilla': {m: r['paired_kernel_minus_vanilla']
+                                      for m, r in s['maps'].items()}},
+                metrics=(('accuracy', 'Δ accuracy'), ('log_loss', 'Δ LogLoss'),
+                         ('ece', 'Δ ECE')))}
+    parts.append(dataset_markdown(dataset, s, {k: os.path.relpath(v, docs_dir)
+                                               for k, v in figs.items()}))
+  result.update({k: meta[k] for k in ('command', 'commit', 'date', 'machine')})
+  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
+  provenance.write_json_atomic(out, result, indent=1)
+  page = ['# Does Phase A learn inside the Transformer, and does it help?', '', analysis, '',
+          *parts, '## Provenance', '',
+          f"Generated by `{meta['command']}` at `{meta['commit']}` ({meta['date']}); machine "
+          f"{json.dumps(meta['machine'])}. Everything outside the analysis block is rewritten on "
+          'every run of this command.', '']
+  provenance.write_atomic(docs, '\n'.join(page))
+  return result
+
+
+_RUNS = flags.DEFINE_string('runs', 'workdir/learn', 'Grid root (experiments.grid).')
+_PILOTS = flags.DEFINE_string('pilots', 'results', 'Folder of phase_a_pilot_<dataset>.json.')
+_OUT = flags.DEFINE_string('out', 'results/phase_a_learning.json', 'The binding JSON.')
+_DOCS = flags.DEFINE_string('docs', 'docs/phase_a_learning.md', 'The markdown page.')
+_FIGURES = flags.DEFINE_string('figures', 'docs/figures', 'Figure folder.')
+
+
+def main(argv):
+  del argv
+  write(_RUNS.value, _PILOTS.value, _OUT.value, _DOCS.value, _FIGURES.value,
+        provenance.run_metadata('experiments.phase_a_learning'))
+
+
+if __name__ == '__main__':
+  app.run(main)
