@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -472,3 +473,83 @@ def test_alternating_runs_a_phase_a_pass_between_phase_b_blocks(tmp_path):
   assert [s['cycle'] for s in result['phase_a']['stages']] == [0, 1]
   assert set(result['phase_a']['heldout_alignment']) == {'initial', 'ball', 'learned'}
   assert result['phase_a_steps'] == 8 and result['best_epoch'] >= 1
+
+
+# ----------------------------------------------------------------------------- the workdir
+
+def _tiny(data_dir, **overrides):
+  """Softmax attention (no Phase A), one layer, 64 generated rows, one padded shape."""
+  from configs import text
+  config = text.get_text_config('rotten_tomatoes', 'softmax,quick')
+  config.data.data_dir = data_dir
+  config.data.max_train_examples, config.data.vocab_size = 64, 120
+  config.data.max_length = config.data.pad_multiple = 32
+  config.model.num_layers, config.phase_b.batch_size = 1, 16
+  config.run.eval_batch_size, config.run.checkpoint_every = 32, 2
+  for k, v in overrides.items():
+    section, field = k.split('.')
+    config[section][field] = v
+  return config
+
+
+def _snapshot(workdir):
+  return {os.path.relpath(os.path.join(d, f), workdir): (os.path.getsize(os.path.join(d, f)),
+                                                          os.stat(os.path.join(d, f)).st_mtime_ns)
+          for d, _, files in os.walk(workdir) for f in files}
+
+
+def test_a_workdir_whose_data_changed_is_refused_and_left_as_it_was(tmp_path):
+  from test_distributed import _mr_data  # pylint: disable=g-import-not-at-top
+  from experiments import train
+  data_dir = _mr_data(str(tmp_path / 'data'))
+  workdir = str(tmp_path / 'run')
+  results = train.train_and_evaluate(_tiny(data_dir, **{'phase_b.num_epochs': 1}), workdir)
+  stored = json.load(open(os.path.join(workdir, train.FINGERPRINT)))
+  assert stored['files'] == results['fingerprint'] and set(stored['files']) == {
+      'rotten_tomatoes/rt-polarity.neg', 'rotten_tomatoes/rt-polarity.pos', 'tokenizer.json'}
+  before = _snapshot(workdir)
+  with open(os.path.join(data_dir, 'rotten_tomatoes', 'rt-polarity.pos'), 'a') as f:
+    f.write('one more good line .\n')
+  with pytest.raises(ValueError, match=r"^the data of the run in '.*run' changed since this "
+                     r'fingerprint was stored: rotten_tomatoes/rt-polarity\.pos \(sha256 '):
+    train.train_and_evaluate(_tiny(data_dir, **{'phase_b.num_epochs': 1}), workdir)
+  assert _snapshot(workdir) == before                 # results.json and all: untouched.
+  # A run continuing from that run's prefix compares the data that run trained on.
+  with pytest.raises(ValueError, match=r"^config\.run\.prefix_from: the data '.*run' trained on "
+                     r'changed since this fingerprint was stored: rotten_tomatoes/rt-polarity'):
+    train.train_and_evaluate(_tiny(data_dir, **{'phase_b.num_epochs': 1,
+                                                'run.prefix_from': workdir}),
+                             str(tmp_path / 'forked'))
+  assert not os.path.exists(tmp_path / 'forked')
+
+
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
+  from test_distributed import _mr_data  # pylint: disable=g-import-not-at-top
+  from experiments import train
+
+  def damage(step):
+    for d, _, files in os.walk(os.path.join(workdir, 'checkpoints', str(step))):
+      for f in files:
+        if os.path.basename(d) == 'd':               # the array data files
+          open(os.path.join(d, f), 'wb').close()
+
+  data_dir = _mr_data(str(tmp_path / 'data'))
+  whole = train.train_and_evaluate(_tiny(data_dir), str(tmp_path / 'whole'))
+  workdir = str(tmp_path / 'run')
+  assert train.train_and_evaluate(_tiny(data_dir), workdir, stop_after_steps=6) is None
+  # Checkpoint numbers count the stages done too: softmax's (empty) Phase A stage is 1.
+  assert sorted(train._checkpoint_manager(workdir).all_steps()) == [5, 7]  # pylint: disable=protected-access
+  damage(7)
+  with caplog.at_level('WARNING'):
+    resumed = train.train_and_evaluate(_tiny(data_dir), workdir)
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert len(warnings) == 1 and '\n' not in warnings[0]
+  assert re.search(r'unreadable checkpoint in .*checkpoints \(step 7: .*\): resuming from '
+                   r'step 5 instead', warnings[0])
+  assert os.listdir(os.path.join(workdir, 'checkpoints_unreadable')) == ['7']
+  assert resumed['test'] == whole['test'] and resumed['validation'] == whole['validation']
+  # None readable: one error naming the folder.
+  for step in train._checkpoint_manager(workdir).all_steps():  # pylint: disable=protected-access
+    damage(step)
+  with pytest.raises(ValueError, match=r'^.*/run/checkpoints: no readable checkpoint \(step '):
+    train.train_and_evaluate(_tiny(data_dir), workdir)
