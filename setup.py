@@ -29,10 +29,11 @@ setuptools.setup(
     extras_require={
         # The synthetic study's baselines (logistic regression, SVMs) and figures:
         # scikit-learn and matplotlib do these better than code we would write.
-        # experiments/train.py: orbax for atomic, resumable checkpoints and tensorboardX
-        # for TensorBoard scalars without tensorflow.
+        # experiments/train.py: orbax for atomic, resumable checkpoints, tensorboardX to
+        # write TensorBoard scalars and hparams without tensorflow, and tensorboard to
+        # read them (tensorboard --logdir <workdir>/tensorboard).
         'experiments': ['scikit-learn>=1.3', 'matplotlib>=3.7', 'scipy>=1.10',
-                        'orbax-checkpoint>=0.11', 'tensorboardX>=2.6'],
+                        'orbax-checkpoint>=0.11', 'tensorboardX>=2.6', 'tensorboard>=2.14'],
         # coulomb_jax.tfds_builders / data.load_split(source='tfds'): tfds without tensorflow
         # (array_record files); tfds 4.9.10 imports importlib_resources without declaring it.
         'tfds': ['tensorflow-datasets>=4.9.10', 'importlib_resources', 'array_record>=0.5'],

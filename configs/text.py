@@ -212,9 +212,9 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
     config.phase_a.enabled = False
 
   if 'quick' in modifiers:
-    # A first run that learns in about a minute on 2 CPU cores (Rotten Tomatoes,
-    # kernel-elu: 0.73 test accuracy), not a result: a tiny model, 8000 training rows,
-    # 2 epochs at a 10x learning rate.
+    # A first run that learns, not a result: a tiny model, 8000 training rows, 2 epochs
+    # at a 10x learning rate. Rotten Tomatoes kernel-elu: test accuracy 0.743 in 76 s on
+    # 2 CPU cores shared with other jobs (at 9c8762a).
     config.data.max_train_examples = 8000
     config.data.vocab_size = 4000
     config.data.max_length = 64

@@ -1146,7 +1146,9 @@ def main(argv, flag_values: Optional[flags.FlagValues] = None) -> None:
   if not fv.workdir:
     raise cli.ConfigError('--workdir: required (the run folder: checkpoints, logs, results).')
   _check_flags(fv)
-  logging.get_absl_handler().addFilter(_QuietOrbax())
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _QuietOrbax) for f in handler.filters):
+    handler.addFilter(_QuietOrbax())
   if fv.jax_distributed:
     init_distributed(fv.coordinator_address, fv.num_processes, fv.process_id)
   train_and_evaluate(config, fv.workdir, stop_after_steps=fv.stop_after_steps)

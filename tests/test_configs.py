@@ -49,3 +49,38 @@ def test_paper_settings_are_the_defaults():
 def test_unknown_variants_are_refused(variant):
   with pytest.raises(ValueError, match='variant'):
     text.get_text_config('sst2', variant)
+
+
+def test_the_data_folder_defaults_to_the_environment_then_next_to_the_repository(monkeypatch):
+  from experiments import train
+  config = text.get_text_config('sst2', 'softmax')
+  assert config.data.data_dir == ''
+  monkeypatch.setenv('COULOMB_JAX_DATA', '/data/here')
+  assert train.data_dir(config) == '/data/here'
+  monkeypatch.delenv('COULOMB_JAX_DATA')
+  # Next to the repository, not the current folder.
+  assert train.data_dir(config) == os.path.join(os.path.dirname(REPO), 'shared', 'data')
+  config.data.data_dir = 'relative/data'                # An explicit value is kept as is.
+  assert train.data_dir(config) == 'relative/data'
+
+
+def test_quick_is_a_small_run_that_learns():
+  c = text.get_text_config('rotten_tomatoes', 'kernel-elu,quick')
+  assert (c.data.max_train_examples, c.data.vocab_size, c.data.max_length) == (8000, 4000, 64)
+  assert (c.model.width, c.model.num_features, c.model.ffn_dim) == (32, 16, 64)
+  assert (c.phase_a.num_epochs, c.phase_b.num_epochs) == (1, 2)
+  assert (c.phase_b.learning_rate, c.phase_b.batch_size) == (2e-3, 32)
+
+
+@pytest.mark.parametrize('name', sorted(set(CONFIGS.values())))
+def test_a_config_loads_by_path_from_another_folder(name, tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  path = os.path.join(REPO, 'configs', f'{name}.py')
+  # -I: neither the current folder nor PYTHONPATH is on sys.path; the repository is not.
+  code = ('import runpy, sys; assert not any(p.rstrip("/") == %r for p in sys.path); '
+          'print(runpy.run_path(%r)["get_config"]("softmax").data.task)' % (REPO, path))
+  out = subprocess.run([sys.executable, '-I', '-c', code], cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == [t for t, n in CONFIGS.items() if n == name][0]
