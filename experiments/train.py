@@ -1150,7 +1150,12 @@ def main(argv, flag_values: Optional[flags.FlagValues] = None) -> None:
   if not any(isinstance(f, _QuietOrbax) for f in handler.filters):
     handler.addFilter(_QuietOrbax())
   if fv.jax_distributed:
-    init_distributed(fv.coordinator_address, fv.num_processes, fv.process_id)
+    try:
+      init_distributed(fv.coordinator_address, fv.num_processes, fv.process_id)
+    except ValueError as e:    # e.g. no cluster detected and no --coordinator_address
+      raise cli.ConfigError(f'--jax_distributed: {" ".join(str(e).split())} (no cluster '
+                            'detected? give --coordinator_address=HOST:PORT --num_processes=N '
+                            '--process_id=I)') from None
   train_and_evaluate(config, fv.workdir, stop_after_steps=fv.stop_after_steps)
 
 

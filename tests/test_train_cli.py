@@ -117,6 +117,13 @@ def test_a_mistake_is_one_line_without_traceback(data_dir, tmp_path):
   assert out.returncode == 2 and 'Traceback' not in out.stderr
   assert out.stderr.splitlines()[-1] == (
       'train: error: config.phase_a.lam: expected a finite number ≥ 0, got -1.0.')
+  # --jax_distributed alone where jax detects no cluster.
+  out = _run([TRAIN, f'--config={RT}:kernel-elu,quick', '--workdir=w', '--jax_distributed'],
+             cwd=str(tmp_path))
+  assert out.returncode == 2 and 'Traceback' not in out.stderr
+  last = out.stderr.splitlines()[-1]                      # jax's words, then ours
+  assert last.startswith('train: error: --jax_distributed: ') and (
+      '(no cluster detected? give --coordinator_address=HOST:PORT' in last)
   assert not (tmp_path / 'w').exists()
 
 
