@@ -265,18 +265,19 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
   return result
 
 
-_RUNS = flags.DEFINE_string('runs', 'workdir/learn', 'Grid root (experiments.grid).')
-_PILOTS = flags.DEFINE_string('pilots', 'results', 'Folder of phase_a_pilot_<dataset>.json.')
-_OUT = flags.DEFINE_string('out', 'results/phase_a_learning.json', 'The binding JSON.')
-_DOCS = flags.DEFINE_string('docs', 'docs/phase_a_learning.md', 'The markdown page.')
-_FIGURES = flags.DEFINE_string('figures', 'docs/figures', 'Figure folder.')
-
-
 def main(argv):
   del argv
-  write(_RUNS.value, _PILOTS.value, _OUT.value, _DOCS.value, _FIGURES.value,
+  fl = flags.FLAGS
+  write(fl.runs, fl.pilots, fl.out, fl.docs, fl.figures,
         provenance.run_metadata('experiments.phase_a_learning'))
 
 
 if __name__ == '__main__':
+  # Flags are defined here, not at import, so that tests can import this module next to
+  # others that define flags of the same names.
+  flags.DEFINE_string('runs', 'workdir/learn', 'Grid root (experiments.grid).')
+  flags.DEFINE_string('pilots', 'results', 'Folder of phase_a_pilot_<dataset>.json.')
+  flags.DEFINE_string('out', 'results/phase_a_learning.json', 'The binding JSON.')
+  flags.DEFINE_string('docs', 'docs/phase_a_learning.md', 'The markdown page.')
+  flags.DEFINE_string('figures', 'docs/figures', 'Figure folder.')
   app.run(main)
