@@ -3,8 +3,9 @@ r"""Shared config of the text-classification runs (SST-2, Rotten Tomatoes, QQP).
 Not a launch config itself: ``configs/{sst2,rotten_tomatoes,qqp}.py`` call
 ``get_text_config(task, variant)``. A variant string is a comma-separated list:
 one model variant (``kernel-<map>``, ``vanilla-<map>``, ``softmax``, ``performer``,
-``linformer``, and the control ``ball-<map>``; default ``kernel-favor``) and optional modifiers (``quick``: a
-tiny smoke-sized run). Example:
+``linformer``, and the control ``ball-<map>``; default ``kernel-favor``) and optional
+modifiers (``learn``: Phase A in the regime where the particles learn, see
+docs/phase_a_learning.md; ``quick``: a tiny smoke-sized run). Example:
 
   python -m experiments.train --config=configs/sst2.py:kernel-porf_softplus --workdir=workdir/sst2/kernel-porf_softplus/seed0
 
@@ -23,7 +24,7 @@ BASELINES = ('softmax', 'performer', 'linformer')
 CONTROLS = tuple(f'ball-{m}' for m in MAPS)
 VARIANTS = (tuple(f'{kind}-{m}' for kind in ('vanilla', 'kernel') for m in MAPS) + BASELINES
             + CONTROLS)
-MODIFIERS = ('quick',)
+MODIFIERS = ('quick', 'learn')
 # The fields a variant sets (below), besides model.init_radius (> 0 for ball-X only).
 VARIANT_FIELDS = ('model.attention', 'model.feature_map', 'model.qk_mode', 'model.orthogonal',
                   'phase_a.enabled')
@@ -211,6 +212,20 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
     config.model.attention = name
     config.phase_a.enabled = False
 
+  if 'learn' in modifiers:
+    # Phase A in the regime where the particles learn (docs/phase_a_learning.md), chosen on
+    # Rotten Tomatoes validation rows by experiments/phase_a_pilot.py (setting 'repel_log',
+    # results/phase_a_pilot_rotten_tomatoes.md): Phase A after Phase B has trained the
+    # encoder, every layer's step, temperature and repulsion set from the measured forces.
+    # The paper's two phases stay the default (no modifier).
+    config.phase_a.schedule = 'after_b'
+    # Phase A after all but the last two Phase B epochs (override for fewer than 3 epochs).
+    config.phase_a.after_b_epochs = config.phase_b.get_ref('num_epochs') - 2
+    config.phase_a.num_epochs = 2
+    config.phase_a.relative_step = 0.01
+    config.phase_a.gibbs_tilt = 1e3
+    config.phase_a.relative_lam = 1.0
+    config.phase_a.riesz_s = '0.0'
   if 'quick' in modifiers:
     # A first run that learns, not a result: a tiny model, 8000 training rows, 2 epochs
     # at a 10x learning rate. Rotten Tomatoes kernel-elu: test accuracy 0.743 in 76 s on
@@ -227,4 +242,6 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
     config.phase_b.batch_size = 32
     config.run.log_every = 50
     config.run.checkpoint_every = 0
+    if 'learn' in modifiers:   # 2 Phase B epochs: one before Phase A, one after.
+      config.phase_a.after_b_epochs = 1
   return config

@@ -84,3 +84,21 @@ def test_a_config_loads_by_path_from_another_folder(name, tmp_path):
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == [t for t, n in CONFIGS.items() if n == name][0]
+
+
+def test_learn_modifier_sets_the_learning_regime_and_passes_the_checks():
+  from experiments import train
+  c = text.get_text_config('rotten_tomatoes', 'kernel-elu,learn')
+  assert (c.phase_a.schedule, c.phase_a.relative_step, c.phase_a.gibbs_tilt,
+          c.phase_a.relative_lam, c.phase_a.riesz_s) == ('after_b', 0.01, 1e3, 1.0, '0.0')
+  assert c.phase_a.after_b_epochs == c.phase_b.num_epochs - 2 == 8
+  c.phase_b.num_epochs = 5                      # the reference follows an override
+  assert c.phase_a.after_b_epochs == 3
+  c.data.data_dir = DATA_DIR if os.path.isdir(DATA_DIR) else REPO
+  train.check_config(c)
+  quick = text.get_text_config('rotten_tomatoes', 'vanilla-elu,learn,quick')
+  assert quick.phase_a.after_b_epochs == 1 and quick.phase_b.num_epochs == 2
+  quick.data.data_dir = c.data.data_dir
+  train.check_config(quick)
+  # The paper's settings stay the default.
+  assert text.get_text_config('rotten_tomatoes', 'kernel-elu').phase_a.schedule == 'joint'
