@@ -44,6 +44,7 @@ from coulomb_jax import data
 from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax import training
+from experiments import checkpoints
 from experiments import grid
 from experiments import provenance
 from experiments import stages
@@ -79,7 +80,7 @@ def trained_params(run_dir):
   """The kept (best-validation) parameters of a finished ``experiments.train`` run."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   _check_finished(run_dir)
-  step = train._checkpoint_manager(run_dir).latest_step()  # pylint: disable=protected-access
+  step = checkpoints.checkpoint_manager(run_dir).latest_step()
   path = os.path.join(os.path.abspath(run_dir), 'checkpoints', str(step), 'default')
   return ocp.StandardCheckpointer().restore(path)['best_params']
 

@@ -507,6 +507,7 @@ def test_bad_command_line_ends_in_one_line_naming_the_value(program, argv, match
 def test_unset_data_folder_names_where_it_looked(tmp_path, monkeypatch):
   from configs import rotten_tomatoes  # pylint: disable=g-import-not-at-top
   from experiments import train  # pylint: disable=g-import-not-at-top
+  from experiments import train_config  # pylint: disable=g-import-not-at-top
   config = rotten_tomatoes.get_config('softmax')
   assert config.data.data_dir == ''
   monkeypatch.setenv('COULOMB_JAX_DATA', str(tmp_path / 'missing'))
@@ -515,7 +516,7 @@ def test_unset_data_folder_names_where_it_looked(tmp_path, monkeypatch):
                      r'--config\.data\.data_dir=FOLDER or COULOMB_JAX_DATA=FOLDER'):
     train.check_config(config)
   monkeypatch.delenv('COULOMB_JAX_DATA')
-  monkeypatch.setattr(train, 'DEFAULT_DATA_DIR', str(tmp_path / 'shared' / 'data'))
+  monkeypatch.setattr(train_config, 'DEFAULT_DATA_DIR', str(tmp_path / 'shared' / 'data'))
   with pytest.raises(ValueError, match=r'^config\.data\.data_dir: not set, and '
                      r'\$COULOMB_JAX_DATA is not set and \.\./shared/data next to the '
                      r'repository \(.*/shared/data\) is not a folder'):

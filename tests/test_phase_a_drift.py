@@ -35,6 +35,7 @@ def test_drift_statistics_are_consistent_and_scale_with_the_step_size():
 
 def test_trained_params_round_trip_and_drift_on_given_params(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
+  from experiments import checkpoints  # pylint: disable=g-import-not-at-top
   from experiments import train  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1)
   ids = [rng.integers(1, 40, size=n).astype(np.int32) for n in rng.integers(3, 12, size=32)]
@@ -51,9 +52,9 @@ def test_trained_params_round_trip_and_drift_on_given_params(tmp_path):
   # A finished run's checkpoint holding these as its kept parameters.
   run = str(tmp_path / 'run')
   int32 = lambda v: np.asarray(v, np.int32)
-  train._save(train._checkpoint_manager(run),  # pylint: disable=protected-access
-              {'stage': int32(2), 'step_a': int32(0), 'step_b': int32(3),
-               'best_params': params})
+  checkpoints.save(checkpoints.checkpoint_manager(run),
+                   {'stage': int32(2), 'step_a': int32(0), 'step_b': int32(3),
+                    'best_params': params})
   with pytest.raises(ValueError, match=r'--trained_runs: .* \(not a finished run\)'):
     phase_a_drift.trained_params(run)
   open(f'{run}/{train.RESULTS}', 'w').close()

@@ -202,8 +202,8 @@ def _config(**overrides):
 
 
 def _final_params(workdir):
-  from experiments import train
-  manager = train._checkpoint_manager(workdir)
+  from experiments import checkpoints
+  manager = checkpoints.checkpoint_manager(workdir)
   return manager.restore(manager.latest_step())['best_params']
 
 
@@ -276,6 +276,7 @@ def test_bad_config_fails_before_any_compute(field, value, tmp_path):
     ('data.validation_rule', 'words', 'one of'),
     ('variant', 'nonsense', 'one of')])
 def test_config_checks_catch_inconsistent_fields(field, value, match):
+  from experiments import run_folder
   from experiments import train
   config = _config(**({} if field == 'variant' else {field: value}))
   if field == 'variant':
@@ -285,9 +286,9 @@ def test_config_checks_catch_inconsistent_fields(field, value, match):
   config = _config(**{'phase_a.riesz_s': '1.0'})    # a number, as the command line gives it
   train.check_config(config)
   # A run saved before data.validation_rule existed resumes as the rule it used.
-  saved = train._fingerprint(_config())  # pylint: disable=protected-access
+  saved = run_folder.saved_config(_config())
   del saved['data']['validation_rule']
-  assert train._with_added_fields(saved) == train._fingerprint(_config())  # pylint: disable=protected-access
+  assert run_folder.with_added_fields(saved) == run_folder.saved_config(_config())
 
 
 def test_phase_a_on_softmax_attention_is_refused():
@@ -525,6 +526,7 @@ def test_a_workdir_whose_data_changed_is_refused_and_left_as_it_was(tmp_path):
 
 def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
   from test_distributed import _mr_data  # pylint: disable=g-import-not-at-top
+  from experiments import checkpoints
   from experiments import train
 
   def damage(step):
@@ -538,7 +540,7 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, 
   workdir = str(tmp_path / 'run')
   assert train.train_and_evaluate(_tiny(data_dir), workdir, stop_after_steps=6) is None
   # Checkpoint numbers count the stages done too: softmax's (empty) Phase A stage is 1.
-  assert sorted(train._checkpoint_manager(workdir).all_steps()) == [5, 7]  # pylint: disable=protected-access
+  assert sorted(checkpoints.checkpoint_manager(workdir).all_steps()) == [5, 7]
   damage(7)
   with caplog.at_level('WARNING'):
     resumed = train.train_and_evaluate(_tiny(data_dir), workdir)
@@ -549,7 +551,7 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, 
   assert os.listdir(os.path.join(workdir, 'checkpoints_unreadable')) == ['7']
   assert resumed['test'] == whole['test'] and resumed['validation'] == whole['validation']
   # None readable: one error naming the folder.
-  for step in train._checkpoint_manager(workdir).all_steps():  # pylint: disable=protected-access
+  for step in checkpoints.checkpoint_manager(workdir).all_steps():
     damage(step)
   with pytest.raises(ValueError, match=r'^.*/run/checkpoints: no readable checkpoint \(step '):
     train.train_and_evaluate(_tiny(data_dir), workdir)

@@ -1,0 +1,184 @@
+r"""A run's checkpoints (orbax): saved, restored with a fallback, and the Phase B prefix.
+
+``<workdir>/checkpoints`` holds the last two steps of the run's state
+(``initial_state``: the stage and step within it, parameters, both optimisers'
+states, the best epoch so far, timers, Phase A histograms); a step's number is
+``step_a + step_b + stage``. ``restore`` takes the newest readable one: an
+unreadable one is reported in one warning line, moved to
+``<workdir>/checkpoints_unreadable`` and the one before it used.
+
+``<workdir>/prefix`` is the state at the end of the Phase B epochs before the
+first Phase A stage (``save_prefix``); a run with ``run.prefix_from`` starts from
+that run's (``restore_prefix``), with its history up to there.
+"""
+
+import json
+import logging as std_logging
+import os
+import shutil
+import sys
+
+import jax
+import numpy as np
+from absl import logging
+
+from coulomb_jax import training
+from experiments import cli
+from experiments import provenance
+from experiments import run_folder
+from experiments import sharding
+from experiments import stages
+
+CHECKPOINTS = 'checkpoints'
+# Unreadable checkpoints are moved here (not deleted) when an older one is used instead.
+UNREADABLE = 'checkpoints_unreadable'
+PREFIX = 'prefix'
+
+
+def checkpoint_manager(workdir):
+  """Orbax's manager of ``<workdir>/checkpoints``, keeping the last two steps."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False)
+  return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, CHECKPOINTS)),
+                               options=options)
+
+
+def initial_state(params, opt_b, num_bins):
+  """The checkpointed state of a run that has not started (see ``stages.Run``)."""
+  f32, i32 = stages.f32, stages.i32
+  counts = np.zeros(num_bins, np.int32)
+  return {'stage': i32(0), 'stage_step': i32(0), 'params': params, 'stage_start': params,
+          'opt_a': training.phase_a_optimizer(jax.random.PRNGKey(0), step_size=1.0, beta=1.0,
+                                              radius=1.0, clip_norm=None).init(params),
+          'opt_b': opt_b.init(params), 'step_a': i32(0), 'step_b': i32(0),
+          'best_params': params, 'best_accuracy': f32(-1.0), 'best_log_loss': f32(np.inf),
+          'best_epoch': i32(-1), 'seconds_a': f32(0.0), 'seconds_b': f32(0.0),
+          'stopped_early_a': i32(0), 'hist_drift': counts, 'hist_force': counts}
+
+
+def save(manager, ckpt, sharder=None):
+  """Saves ``ckpt`` (all processes call it; with several, every leaf made a global array)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  step = int(ckpt['step_a']) + int(ckpt['step_b']) + int(ckpt['stage'])
+  if jax.process_count() > 1:
+    ckpt = (sharder or sharding.Sharder()).replicate(ckpt)
+  manager.save(step, args=ocp.args.StandardSave(ckpt), force=True)
+  manager.wait_until_finished()
+
+
+def restore(manager, target, sharder=None):
+  """The newest readable checkpoint (``target`` if there is none yet), replicated.
+
+  An unreadable one is reported in one warning line and the one before it tried;
+  the newer unreadable steps are then moved to ``<workdir>/checkpoints_unreadable``
+  (so that the run can save those step numbers again). None readable: one
+  ``cli.ConfigError`` naming the folder and why each step failed.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  steps = sorted(manager.all_steps(), reverse=True)
+  if not steps:
+    return target
+  abstract = (sharder or sharding.Sharder()).abstract(target)
+  failures = []
+  quiet = _DropOrbaxRecords()
+  if not getattr(sys.unraisablehook, 'quiets_closed_loops', False):
+    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+  for step in steps:
+    std_logging.getLogger('absl').addFilter(quiet)
+    try:
+      ckpt = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
+      reason = ' '.join(f'{type(e).__name__}: {e}'.split())
+      failures.append(f'step {step}: {reason if len(reason) < 300 else reason[:297] + "..."}')
+      continue
+    finally:
+      std_logging.getLogger('absl').removeFilter(quiet)
+    if failures:
+      aside = _set_aside(manager, [s for s in steps if s > step])
+      logging.warning('unreadable checkpoint in %s (%s): resuming from step %d instead; the '
+                      'unreadable one is moved to %s.', manager.directory, '; '.join(failures),
+                      step, aside)
+    return ckpt
+  raise cli.ConfigError(
+      f'{manager.directory}: no readable checkpoint ({"; ".join(failures)}); if they were '
+      'written by an older experiments.train, or are damaged, use a new workdir.')
+
+
+class _DropOrbaxRecords(std_logging.Filter):
+  """Drops orbax's own log records (its errors about a file it could not read)."""
+
+  def filter(self, record):
+    return '/orbax/' not in record.pathname
+
+
+def _quiet_closed_loop(hook):
+  """``sys.unraisablehook`` ``hook``, silent for ``RuntimeError('Event loop is closed')``:
+  when one read of a damaged checkpoint fails, orbax closes its event loop and each of
+  tensorstore's other reads reports to it, printing that traceback (some 180 lines)."""
+
+  def unraisablehook(unraisable):
+    value = unraisable.exc_value
+    if isinstance(value, RuntimeError) and str(value) == 'Event loop is closed':
+      return
+    hook(unraisable)
+
+  unraisablehook.quiets_closed_loops = True
+  return unraisablehook
+
+
+def _set_aside(manager, steps):
+  """Moves unreadable checkpoint steps out of the manager's folder (process 0); returns
+  where they went."""
+  directory = str(manager.directory)
+  aside = os.path.join(os.path.dirname(directory), UNREADABLE)
+  if jax.process_index() == 0:
+    os.makedirs(aside, exist_ok=True)
+    for step in steps:
+      target = os.path.join(aside, str(step))
+      if os.path.exists(target):
+        shutil.rmtree(target)
+      os.replace(os.path.join(directory, str(step)), target)
+  sharding.sync('checkpoints: set aside')
+  manager.reload()
+  return aside
+
+
+def save_prefix(workdir, ckpt, sharder=None):
+  """The state at the end of the Phase B epochs before the first Phase A stage, kept
+  in ``<workdir>/prefix`` for runs that share them (``run.prefix_from``)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(os.path.join(workdir, PREFIX))
+  exists = os.path.exists(path)
+  sharding.sync('prefix: looked')      # Every process decides before process 0 writes.
+  if not exists:
+    if jax.process_count() > 1:
+      ckpt = (sharder or sharding.Sharder()).replicate(ckpt)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(path, ckpt)
+    checkpointer.wait_until_finished()
+
+
+def restore_prefix(config, workdir, target, sharder=None):
+  """``target`` restored from ``<run.prefix_from>/prefix``, or None if that run has not
+  saved it yet (``run_folder.preflight`` has compared its config and data)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  source = config.run.prefix_from
+  path = os.path.abspath(os.path.join(source, PREFIX))
+  if not os.path.exists(path):
+    return None
+  abstract = (sharder or sharding.Sharder()).abstract(target)
+  restored = ocp.StandardCheckpointer().restore(path, abstract)
+  with open(os.path.join(source, 'history.jsonl')) as f:
+    lines = [line for line in f if line.strip()]
+  t = int(restored['step_a']) + int(restored['step_b'])
+  sessions = []
+  if os.path.exists(os.path.join(source, 'sessions.json')):
+    sessions = run_folder.read_json(os.path.join(source, 'sessions.json'))
+  if jax.process_index() == 0:
+    provenance.write_atomic(os.path.join(workdir, 'history.jsonl'), ''.join(
+        line for line in lines if json.loads(line)['t'] <= t))
+    provenance.write_json_atomic(os.path.join(workdir, PREFIX + '.json'), {
+        'from': source, 'phase_b_steps': int(restored['step_b']), 'sessions': sessions},
+                                 indent=1)
+  logging.info('Phase B prefix (%d steps) taken from %s.', int(restored['step_b']), path)
+  return restored

@@ -1,0 +1,130 @@
+r"""The command line of ``experiments/train.py``: its flags, their checks, ``--list_fields``.
+
+``define_flags`` declares ``--config`` (a config file and variant, any field
+overridable), ``--workdir``, ``--list_fields``, ``--stop_after_steps`` and the
+``jax.distributed`` flags; ``check_flags`` refuses a bad combination of them in one
+``cli.ConfigError``. ``describe_fields`` is what ``--list_fields`` prints: every
+field with its value and the comment above it in the config files
+(``field_comments``). ``init_distributed`` starts ``jax.distributed`` (gloo for
+CPU collectives); ``QuietOrbax`` keeps orbax's per-save INFO lines out of the log.
+"""
+
+import logging as std_logging
+import re
+import textwrap
+from typing import Optional
+
+import jax
+import ml_collections
+from absl import flags
+from absl import logging
+
+from experiments import cli
+from experiments import train_config
+
+# The flags ``define_flags`` declares belong to its caller (``python experiments/train.py
+# --help`` lists them under train.py, as when they were defined there).
+flags.disclaim_key_flags()
+
+
+def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
+  """The flags of ``python -m experiments.train`` (on ``flag_values``, default absl's)."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  fv = flag_values if flag_values is not None else flags.FLAGS
+  config_flags.DEFINE_config_file(
+      'config', None, 'A config file and variant, e.g. configs/sst2.py:kernel-favor,quick; '
+      'override any field with --config.<field>=<value>; --list_fields prints them all.',
+      lock_config=True, flag_values=fv)
+  flags.DEFINE_string('workdir', None, 'The run folder: checkpoints, logs, results.',
+                      flag_values=fv)
+  flags.DEFINE_bool('list_fields', False, 'Print every field of --config with its value and '
+                    'comment, then exit.', flag_values=fv)
+  flags.DEFINE_bool('jax_distributed', False, 'Call jax.distributed.initialize() first '
+                    '(multi-process or multi-host training).', flag_values=fv)
+  flags.DEFINE_string('coordinator_address', None, 'With --jax_distributed: HOST:PORT of '
+                      'process 0 (default: detected on a cluster).', flag_values=fv)
+  flags.DEFINE_integer('num_processes', None, 'With --jax_distributed: how many processes.',
+                       flag_values=fv)
+  flags.DEFINE_integer('process_id', None, 'With --jax_distributed: this process, 0 .. '
+                       'num_processes − 1.', flag_values=fv)
+  flags.DEFINE_integer('stop_after_steps', None, 'Checkpoint and exit after this many steps '
+                       '(resumable).', flag_values=fv)
+  flags.mark_flag_as_required('config', flag_values=fv)
+
+
+def check_flags(fv) -> None:
+  """The flags besides --config (the config itself is ``train_config.check_config``'s)."""
+  given = [n for n in ('coordinator_address', 'num_processes', 'process_id')
+           if fv[n].value is not None]
+  if given and not fv.jax_distributed:
+    raise cli.ConfigError(f'--{given[0]}={fv[given[0]].value}: needs --jax_distributed.')
+  if given and len(given) < 3:
+    missing = [f'--{n}' for n in ('coordinator_address', 'num_processes', 'process_id')
+               if n not in given]
+    raise cli.ConfigError(f'--{given[0]}={fv[given[0]].value}: give --coordinator_address, '
+                          f'--num_processes and --process_id together (missing '
+                          f'{", ".join(missing)}), or none of them on a cluster.')
+  if given:
+    if not re.fullmatch(r'\S+:\d+', fv.coordinator_address):
+      raise cli.ConfigError(f'--coordinator_address: expected HOST:PORT, got '
+                            f'{fv.coordinator_address!r}.')
+    if fv.num_processes < 1:
+      raise cli.ConfigError(f'--num_processes: expected an integer ≥ 1, got '
+                            f'{fv.num_processes}.')
+    if not 0 <= fv.process_id < fv.num_processes:
+      raise cli.ConfigError(f'--process_id: expected 0 .. {fv.num_processes - 1} (for '
+                            f'--num_processes={fv.num_processes}), got {fv.process_id}.')
+  if fv.stop_after_steps is not None and fv.stop_after_steps < 1:
+    raise cli.ConfigError(f'--stop_after_steps: expected an integer ≥ 1, got '
+                          f'{fv.stop_after_steps}.')
+
+
+def init_distributed(coordinator_address: Optional[str] = None,
+                     num_processes: Optional[int] = None,
+                     process_id: Optional[int] = None) -> None:
+  """``jax.distributed.initialize``, with gloo for collectives between CPU processes.
+
+  All three None: jax detects the cluster (SLURM, Open MPI, Cloud TPU, ...).
+  """
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
+  logging.info('jax.distributed: process %d of %d, %d of %d devices here.',
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
+
+
+def field_comments(*paths: str) -> dict:
+  """``{'data.task': 'Task name from ...'}``: the comment above each field's first
+  assignment (``config.<field> = ...``) in these config files."""
+  comments = {}
+  for path in paths:
+    block = []
+    with open(path, encoding='utf-8') as f:
+      for line in f:
+        text = line.strip()
+        if text.startswith('#'):
+          block.append(text.lstrip('#').strip())
+          continue
+        match = re.match(r'config\.([\w.]+)\s*=', text)
+        if match and block and match.group(1) not in comments:
+          comments[match.group(1)] = ' '.join(block)
+        block = []
+  return comments
+
+
+def describe_fields(config: ml_collections.ConfigDict, comments: dict) -> str:
+  """Every field as ``--config.<field>=<value>`` with its comment below it."""
+  lines = []
+  for key, value in train_config.flat(config).items():
+    lines.append(f'--config.{key}={value!r}')
+    lines += textwrap.wrap(comments.get(key, ''), 88, initial_indent='    ',
+                           subsequent_indent='    ')
+  return '\n'.join(lines)
+
+
+class QuietOrbax(std_logging.Filter):
+  """Drops orbax's per-save INFO lines; warnings and errors still pass."""
+
+  def filter(self, record):
+    return record.levelno >= std_logging.WARNING or '/orbax/' not in record.pathname
