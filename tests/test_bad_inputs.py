@@ -383,7 +383,7 @@ CLI_CASES = [
      r"^--config\.phse_b\.learning_rate=0\.1: unknown config field 'phse_b'\. Did you mean "
      r'"phase_b"'),
     ('train unknown variant', 'train', lambda t: _train_args(t, variant='kernel-rff'),
-     r"variant: expected one of .* plus modifiers \('quick',\), got 'kernel-rff'\.$"),
+     r"variant: expected one of .* plus modifiers \('quick', 'learn'\), got 'kernel-rff'\.$"),
     ('train string for a float', 'train',
      lambda t: _train_args(t, '--config.phase_a.lam=small'),
      r"^flag --config\.phase_a\.lam=small: could not convert string to float: 'small'$"),
