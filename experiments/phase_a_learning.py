@@ -108,6 +108,8 @@ def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
           for m in text.MAPS if by.get(f'kernel-{m}')}
   return {'settings': settings, 'maps': maps,
           'commits': sorted({s['commit'] for r in runs for s in r.get('sessions', [])}),
+          'prefix_commits': sorted({s['commit'] for r in runs
+                                    for s in r.get('prefix', {}).get('sessions', [])}),
           'runs': len(runs)}
 
 
@@ -215,7 +217,10 @@ def dataset_markdown(dataset: str, s: dict, figures: Dict[str, str]) -> str:
         cells.append('—' if t['mean'] is None else
                      f"{t['mean']:.4f}" + (f" ± {t['std']:.4f}" if t['std'] is not None else ''))
     lines.append(f'| {m} | ' + ' | '.join(cells) + ' |')
-  lines += ['', f"Runs: {s['runs']}; commits: {', '.join(c[:7] for c in s['commits'])}.", '']
+  prefix = (f"; their shared Phase B prefix (`run.prefix_from`) trained at "
+            f"{', '.join(c[:7] for c in s['prefix_commits'])}" if s['prefix_commits'] else '')
+  lines += ['', f"Runs: {s['runs']}, trained at {', '.join(c[:7] for c in s['commits'])}"
+            f"{prefix}.", '']
   return '\n'.join(lines)
 
 
