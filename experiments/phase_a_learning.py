@@ -100,9 +100,10 @@ def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
                        'Kernel-X runs of this dataset.')
   if pilot is not None:
     settings['chosen_by'] = {'pilot': pilot['command'], 'commit': pilot['commit'],
-                             'setting': pilot['chosen'],
+                             'setting': pilot['chosen'], 'pilot_dataset': pilot['dataset'],
                              'rule': 'largest mean held-out ρ(learned) − ρ(ball) over maps, '
-                                     'validation rows of seed ' + str(pilot['seed'])}
+                                     f"{pilot['dataset']} validation rows of seed "
+                                     f"{pilot['seed']}"}
   maps = {m: map_summary(by.get(f'kernel-{m}', {}), by.get(f'ball-{m}', {}),
                          by.get(f'vanilla-{m}', {}))
           for m in text.MAPS if by.get(f'kernel-{m}')}
@@ -111,6 +112,25 @@ def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
           'prefix_commits': sorted({s['commit'] for r in runs
                                     for s in r.get('prefix', {}).get('sessions', [])}),
           'runs': len(runs)}
+
+
+def _pilot_for(pilots_dir: str, dataset: str, runs: List[dict]) -> Optional[dict]:
+  """The pilot that chose this dataset's settings: its own, else another dataset's pilot
+  whose chosen setting the Kernel-X runs use (settings transferred, not re-chosen)."""
+  pilots = {}
+  if os.path.isdir(pilots_dir):
+    for name in sorted(os.listdir(pilots_dir)):
+      if name.startswith('phase_a_pilot_') and name.endswith('.json'):
+        with open(os.path.join(pilots_dir, name)) as f:
+          pilots[name[len('phase_a_pilot_'):-len('.json')]] = json.load(f)
+  if dataset in pilots:
+    return pilots[dataset]
+  kernel = next((r for r in runs if r['variant'].startswith('kernel-')), None)
+  for pilot in pilots.values():
+    chosen = pilot['settings'][pilot['chosen']]
+    if kernel and all(kernel['config']['phase_a'].get(k) == v for k, v in chosen.items()):
+      return pilot
+  return None
 
 
 def alignment_curves(run_dir: str, phase_a: dict) -> List[dict]:
@@ -232,12 +252,7 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
   parts = []
   for dataset in (d for d in report.SPLIT_NAMES if any(r['dataset'] == d for r in finished)):
     runs = [r for r in finished if r['dataset'] == dataset]
-    pilot_path = os.path.join(pilots_dir, f'phase_a_pilot_{dataset}.json')
-    pilot = None
-    if os.path.exists(pilot_path):
-      with open(pilot_path) as f:
-        pilot = json.load(f)
-    s = dataset_summary(runs, pilot)
+    s = dataset_summary(runs, _pilot_for(pilots_dir, dataset, runs))
     result['datasets'][dataset] = s
     curves = {}
     for m in s['maps']:

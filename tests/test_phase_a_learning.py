@@ -97,3 +97,20 @@ def test_kernel_runs_with_other_settings_are_refused(tmp_path):
   with pytest.raises(ValueError, match='gibbs_tilt'):
     phase_a_learning.write(root, str(tmp_path), str(tmp_path / 'o.json'),
                            str(tmp_path / 'p.md'), str(tmp_path / 'f'), meta)
+
+
+def test_a_pilot_of_another_dataset_is_named_when_its_setting_was_transferred(tmp_path):
+  root = str(tmp_path / 'runs')
+  _write_run(root, 'kernel-elu', 0, 0.7, rho_learned=0.3)
+  pilots = tmp_path / 'pilots'
+  pilots.mkdir()
+  chosen = {'relative_step': 0.01, 'gibbs_tilt': 1e3, 'relative_lam': 0.0}
+  json.dump({'command': 'python -m experiments.phase_a_pilot', 'commit': 'c0ffee',
+             'dataset': 'sst2', 'seed': 0, 'chosen': 'learn',
+             'settings': {'learn': chosen, 'other': dict(chosen, gibbs_tilt=1.0)}},
+            open(pilots / 'phase_a_pilot_sst2.json', 'w'))
+  meta = {'command': 'c', 'commit': 'abc', 'date': 'now', 'machine': {}}
+  result = phase_a_learning.write(root, str(pilots), str(tmp_path / 'o.json'),
+                                  str(tmp_path / 'p.md'), str(tmp_path / 'f'), meta)
+  by = result['datasets']['rotten_tomatoes']['settings']['chosen_by']
+  assert by['pilot_dataset'] == 'sst2' and by['setting'] == 'learn'
