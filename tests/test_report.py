@@ -359,3 +359,27 @@ def test_attention_figure_from_a_benchmark_record(tmp_path):
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   with pytest.raises(ValueError, match='no elu/float32 rows'):
     report_figures.attention_figure(str(tmp_path / 'x.png'), {'rows': rows}, feature_map='elu')
+
+
+def test_redraw_from_summaries_keeps_the_tables_and_draws_the_paired_figure(grid, tmp_path):
+  out, docs = str(tmp_path / 'results'), str(tmp_path / 'docs' / 'results.md')
+  report.write_report(grid, out, docs, meta=META, draw=False)
+  before = open(docs).read()
+  again = dict(META, command='python -m experiments.report --from_summaries', commit='def456')
+  summaries = report.redraw_from_summaries(out, docs, meta=again)   # the runs are not read
+  assert list(summaries) == ['rotten_tomatoes']
+  md = open(docs).read()
+  assert '(figures/rotten_tomatoes_paired.png)' in md
+  with open(tmp_path / 'docs' / 'figures' / 'rotten_tomatoes_paired.png', 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  table = lambda text: [l for l in text.splitlines() if l.startswith('|')]
+  assert table(md) == table(before) and table(md)
+  assert f"at `{META['commit']}`" in md and 'by `python -m experiments.report --from_summaries` at `def456`' in md
+
+  other = json.load(open(os.path.join(out, 'rotten_tomatoes.json')))
+  provenance.write_json_atomic(os.path.join(out, 'sst2.json'),
+                               dict(other, dataset='sst2', commit='fff'))
+  with pytest.raises(ValueError, match='come from 2 different report runs'):
+    report.redraw_from_summaries(out, docs, meta=again)
+  with pytest.raises(ValueError, match='holds no summary'):
+    report.redraw_from_summaries(str(tmp_path / 'empty'), docs, meta=again)
