@@ -86,6 +86,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # validation data of seeds the study never uses (η ∈ {0.03, 0.3, 3} × β ∈ {1e4, 1e6}:
   # they tie for the best gain averaged over λ; docs/synthetic.md has its output).
   config.langevin.step_size = 0.3
+  # Inverse temperature β of the Langevin noise (chosen with η, see above).
   config.langevin.beta = 1e4
   # Ball radius R as a multiple of the initial particle norm √p / σ_k.
   config.langevin.radius_scale = 2.0

@@ -350,6 +350,19 @@ def run_study(config, workdir):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  from experiments import train_config  # pylint: disable=g-import-not-at-top
+  from experiments import train_flags  # pylint: disable=g-import-not-at-top
+  path = train_flags.config_file(flags.FLAGS['config'])
+  comments = train_flags.field_comments(path) if os.path.isfile(path) else {}
+  if flags.FLAGS.list_fields:
+    print(train_flags.describe_fields(flags.FLAGS.config, comments))
+    return
+  if not flags.FLAGS.workdir:
+    raise cli.ConfigError('--workdir: required (the folder for records, results and '
+                          'figures).')
+  # The resolved config (defaults, the variant and every override), as a run sees it.
+  print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in
+                                 train_config.flat(flags.FLAGS.config).items()), flush=True)
   run_study(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
@@ -359,5 +372,7 @@ if __name__ == '__main__':
                                   'configs/synthetic.py:quick); override any field with '
                                   '--config.<section>.<field>=value.', lock_config=True)
   flags.DEFINE_string('workdir', None, 'Directory for records, results and figures.')
-  flags.mark_flags_as_required(['config', 'workdir'])
+  flags.DEFINE_bool('list_fields', False, 'Print every field of --config with its value and '
+                    'comment, and exit.')
+  flags.mark_flags_as_required(['config'])
   cli.run(main)

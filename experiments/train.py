@@ -337,7 +337,6 @@ def _finish(run, meta, sessions) -> dict:
 
 def main(argv, flag_values: Optional[flags.FlagValues] = None) -> None:
   """The command line (``train_flags.define_flags``); mistakes raise ``cli.ConfigError``."""
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   from configs import text  # pylint: disable=g-import-not-at-top
   fv = flag_values if flag_values is not None else flags.FLAGS
   if len(argv) > 1:
@@ -345,7 +344,7 @@ def main(argv, flag_values: Optional[flags.FlagValues] = None) -> None:
                           '--name=value).')
   config = fv.config
   if fv.list_fields:
-    paths = [text.__file__, config_flags.get_config_filename(fv['config'])]
+    paths = [text.__file__, train_flags.config_file(fv['config'])]
     comments = train_flags.field_comments(*[p for p in paths if os.path.isfile(p)])
     print(train_flags.describe_fields(config, comments))
     return

@@ -10,6 +10,7 @@ CPU collectives); ``QuietOrbax`` keeps orbax's per-save INFO lines out of the lo
 """
 
 import logging as std_logging
+import os
 import re
 import textwrap
 from typing import Optional
@@ -92,6 +93,13 @@ def init_distributed(coordinator_address: Optional[str] = None,
   logging.info('jax.distributed: process %d of %d, %d of %d devices here.',
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count())
+
+
+def config_file(holder) -> str:
+  """The file of a ``config_flags`` flag: ``configs/sst2.py:kernel-elu`` → ``configs/sst2.py``."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  name = config_flags.get_config_filename(holder)
+  return name if os.path.isfile(name) else name.rsplit(':', 1)[0]
 
 
 def field_comments(*paths: str) -> dict:

@@ -169,3 +169,26 @@ def test_launched_as_a_file_from_another_folder_a_typo_is_one_line(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == message
     assert 'Traceback' not in proc.stderr
     assert not (tmp_path / 'w').exists()
+
+
+def test_list_fields_and_the_resolved_config_are_printed(tmp_path):
+  script = os.path.join(ROOT, 'experiments', 'synthetic.py')
+  config = os.path.join(ROOT, 'configs', 'synthetic.py')
+  run = lambda *args: subprocess.run([sys.executable, script, *args], cwd=str(tmp_path),
+                                     capture_output=True, text=True, timeout=120)
+  out = run(f'--config={config}:quick', '--list_fields', '--config.num_seeds=3')
+  assert out.returncode == 0, out.stderr[-2000:]
+  lines = out.stdout.splitlines()
+  assert '--config.num_seeds=3' in lines
+  assert lines[lines.index('--config.num_seeds=3') + 1] == (
+      '    Number of repeats (independent data sets and feature draws).')
+  assert all(lines[i + 1].startswith('    ') for i, line in enumerate(lines)
+             if line.startswith('--config.'))     # every field has its comment
+  # A run prints its resolved config first; a bad value then ends in one line.
+  out = run(f'--config={config}:quick', f'--workdir={tmp_path / "w"}', '--config.num_seeds=0')
+  assert out.returncode != 0 and 'Traceback' not in out.stderr
+  assert out.stdout.startswith('config:\n') and '  num_seeds = 0' in out.stdout
+  assert 'config.num_seeds' in out.stderr.strip().splitlines()[-1]
+  out = run(f'--config={config}:quick')
+  assert out.returncode != 0 and out.stderr.strip().splitlines()[-1].endswith(
+      '--workdir: required (the folder for records, results and figures).')
