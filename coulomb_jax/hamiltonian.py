@@ -41,6 +41,7 @@ def hamiltonian_terms(
   Written for ``jax.value_and_grad(..., has_aux=True)``.
   """
   _check_data(omega, x, y)
+  _checks.check_nonnegative('lam', lam)   # λ < 0 would attract the particles together
   fm = features.get_feature_map(feature_map)
   a = alignment.target_alignment(fm(x, omega), y)
   w = repulsion.riesz_energy(omega, s, softening)

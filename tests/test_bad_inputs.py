@@ -21,6 +21,7 @@ import pytest
 from coulomb_jax import attention
 from coulomb_jax import data
 from coulomb_jax import features
+from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import models
 from coulomb_jax import pallas_attention
@@ -143,6 +144,9 @@ CASES = [
      ValueError, r'^key_mask must have shape \(6,\) \(k without its last axis\), got \(5,\)'),
     ('last dims differ', lambda t: features.softplus(X[:, :2], W),
      ValueError, r'^last dimensions differ: x has shape \(6, 2\), omega has shape \(4, 3\)'),
+    ('hamiltonian lam < 0',
+     lambda t: hamiltonian.hamiltonian(W, X, Y, feature_map='rff', lam=-0.5),
+     ValueError, r'^lam must be >= 0, got -0\.5\.$'),
     ('num_particles 0', lambda t: features.sample_gaussian(KEY, 0, 3),
      ValueError, r'^num_particles must be an integer >= 1, got 0\.$'),
     ('dim str', lambda t: features.sample_orthogonal(KEY, 4, '3'),
