@@ -138,6 +138,7 @@ def paired_figure(path: str, title: str, comparisons: Dict[str, Dict[str, dict]]
     maps: the rows, top to bottom (default: every map of any comparison, in order).
   """
   plt = _pyplot()
+  from matplotlib import ticker                      # pylint: disable=g-import-not-at-top
   if maps is None:
     maps = list(dict.fromkeys(m for pairs in comparisons.values() for m in pairs))
   fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics),
@@ -159,6 +160,7 @@ def paired_figure(path: str, title: str, comparisons: Dict[str, Dict[str, dict]]
           ax.errorbar(mean, row, xerr=half, fmt='o', color=color, capsize=3)
       ax.plot([], [], 'o', color=color, label=name)
     ax.set(xlabel=label)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(nbins=5))   # readable at any range
     ax.set_yticks(range(len(maps)), maps)
     ax.set_ylim(len(maps) - 0.5, -0.5)
     ax.grid(axis='x', lw=0.3)
