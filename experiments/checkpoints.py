@@ -2,16 +2,18 @@ r"""A run's checkpoints (orbax): saved, restored with a fallback, and the Phase 
 
 ``<workdir>/checkpoints`` holds the last two steps of the run's state
 (``initial_state``: the stage and step within it, parameters, both optimisers'
-states, the best epoch so far, timers, Phase A histograms); a step's number is
-``step_a + step_b + stage``. ``restore`` takes the newest readable one: an
-unreadable one is reported in one warning line, moved to
-``<workdir>/checkpoints_unreadable`` and the one before it used.
+states, the best epoch so far, timers, Phase A histograms, and ``data_sha256``, the
+digest of the run's data fingerprint); a step's number is ``step_a + step_b + stage``.
+``restore`` takes the newest readable one: an unreadable one is reported in one
+warning line, moved to ``<workdir>/checkpoints_unreadable`` and the one before it
+used; one written from other data (its ``data_sha256`` differs) is refused.
 
 ``<workdir>/prefix`` is the state at the end of the Phase B epochs before the
 first Phase A stage (``save_prefix``); a run with ``run.prefix_from`` starts from
 that run's (``restore_prefix``), with its history up to there.
 """
 
+import hashlib
 import json
 import logging as std_logging
 import os
@@ -43,8 +45,16 @@ def checkpoint_manager(workdir):
                                options=options)
 
 
-def initial_state(params, opt_b, num_bins):
-  """The checkpointed state of a run that has not started (see ``stages.Run``)."""
+def data_digest(fingerprint: dict) -> np.ndarray:
+  """uint8[32]: sha256 of a run's data fingerprint (``run_folder.data_fingerprint``,
+  ``{file: sha256}`` with the tokenizer), as a checkpoint leaf."""
+  text = json.dumps(dict(sorted(fingerprint.items())), sort_keys=True)
+  return np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8).copy()
+
+
+def initial_state(params, opt_b, num_bins, fingerprint: dict):
+  """The checkpointed state of a run that has not started (see ``stages.Run``);
+  ``fingerprint``: the run's data fingerprint, kept in every checkpoint."""
   f32, i32 = stages.f32, stages.i32
   counts = np.zeros(num_bins, np.int32)
   return {'stage': i32(0), 'stage_step': i32(0), 'params': params, 'stage_start': params,
@@ -53,7 +63,20 @@ def initial_state(params, opt_b, num_bins):
           'opt_b': opt_b.init(params), 'step_a': i32(0), 'step_b': i32(0),
           'best_params': params, 'best_accuracy': f32(-1.0), 'best_log_loss': f32(np.inf),
           'best_epoch': i32(-1), 'seconds_a': f32(0.0), 'seconds_b': f32(0.0),
-          'stopped_early_a': i32(0), 'hist_drift': counts, 'hist_force': counts}
+          'stopped_early_a': i32(0), 'hist_drift': counts, 'hist_force': counts,
+          'data_sha256': data_digest(fingerprint)}
+
+
+def check_data(ckpt, target, where: str):
+  """One ``cli.ConfigError`` if ``ckpt`` was written from other data than ``target``'s."""
+  def host(x):   # a restored leaf is a global array, replicated, on several processes
+    return np.asarray(x.addressable_data(0) if isinstance(x, jax.Array) else x)
+  saved, ours = (host(x['data_sha256']).tobytes().hex() for x in (ckpt, target))
+  if saved != ours:
+    raise cli.ConfigError(
+        f'{where}: written from other data (data fingerprint sha256 {saved[:12]}…, the data '
+        f'and tokenizer now hash to {ours[:12]}…); use a new workdir or the data it was '
+        'trained on.')
 
 
 def save(manager, ckpt, sharder=None):
@@ -98,6 +121,7 @@ def restore(manager, target, sharder=None):
       logging.warning('unreadable checkpoint in %s (%s): resuming from step %d instead; the '
                       'unreadable one is moved to %s.', manager.directory, '; '.join(failures),
                       step, aside)
+    check_data(ckpt, target, f'checkpoint step {step} in {manager.directory}')
     return ckpt
   raise cli.ConfigError(
       f'{manager.directory}: no readable checkpoint ({"; ".join(failures)}); if they were '
@@ -168,6 +192,7 @@ def restore_prefix(config, workdir, target, sharder=None):
     return None
   abstract = (sharder or sharding.Sharder()).abstract(target)
   restored = ocp.StandardCheckpointer().restore(path, abstract)
+  check_data(restored, target, f'config.run.prefix_from: {path}')
   with open(os.path.join(source, 'history.jsonl')) as f:
     lines = [line for line in f if line.strip()]
   t = int(restored['step_a']) + int(restored['step_b'])

@@ -253,7 +253,7 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str, meta: dict, *,
       total_steps=spe_b * b.num_epochs, weight_decay=b.weight_decay, clip_norm=b.clip_norm)
 
   manager = checkpoints.checkpoint_manager(workdir)
-  target = checkpoints.initial_state(params, opt_b, len(ld.LogHistogram().counts))
+  target = checkpoints.initial_state(params, opt_b, len(ld.LogHistogram().counts), new)
   ckpt = checkpoints.restore(manager, target, sharder)
   if ckpt is target and config.run.prefix_from:
     ckpt = checkpoints.restore_prefix(config, workdir, target, sharder) or target

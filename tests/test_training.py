@@ -555,3 +555,24 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, 
     damage(step)
   with pytest.raises(ValueError, match=r'^.*/run/checkpoints: no readable checkpoint \(step '):
     train.train_and_evaluate(_tiny(data_dir), workdir)
+
+
+def test_a_checkpoint_from_other_data_is_refused(tmp_path):
+  """The data fingerprint is inside every checkpoint too: one copied into a run on
+  other data (its fingerprint.json agreeing with that data) is refused, not resumed."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from test_distributed import _mr_data  # pylint: disable=g-import-not-at-top
+  from experiments import train
+  first, second = _mr_data(str(tmp_path / 'd1')), _mr_data(str(tmp_path / 'd2'))
+  with open(os.path.join(second, 'rotten_tomatoes', 'rt-polarity.pos'), 'a') as f:
+    f.write('one more good line .\n')
+  ours, theirs = str(tmp_path / 'ours'), str(tmp_path / 'theirs')
+  assert train.train_and_evaluate(_tiny(first), theirs, stop_after_steps=4) is None
+  assert train.train_and_evaluate(_tiny(second), ours, stop_after_steps=2) is None
+  shutil.rmtree(os.path.join(ours, 'checkpoints'))
+  shutil.copytree(os.path.join(theirs, 'checkpoints'), os.path.join(ours, 'checkpoints'))
+  with pytest.raises(ValueError, match=r'^checkpoint step \d+ in .*ours/checkpoints: written '
+                     r'from other data \(data fingerprint sha256 [0-9a-f]{12}…, the data and '
+                     r'tokenizer now hash to [0-9a-f]{12}…\)'):
+    train.train_and_evaluate(_tiny(second), ours)
+  assert not os.path.exists(os.path.join(ours, 'results.json'))
