@@ -81,6 +81,20 @@ def map_summary(kernel: Dict[int, dict], ball: Dict[int, dict],
   return out
 
 
+def all_maps_diff(by: Dict[str, Dict[int, dict]], base_kind: str) -> dict:
+  """Kernel − ``base_kind`` over all maps at once: per seed, the mean over maps of the
+  test metrics, for the seeds that every map has both runs of; then paired by seed as
+  ``paired_diff`` (the seed is the unit: n = number of such seeds)."""
+  maps = [m for m in text.MAPS if by.get(f'kernel-{m}')]
+  seeds = sorted(set.intersection(*[set(by[f'kernel-{m}']) & set(by.get(f'{base_kind}-{m}', {}))
+                                     for m in maps])) if maps else []
+  mean = lambda kind, s: {'test': {k: float(np.mean([by[f'{kind}-{m}'][s]['test'][k]
+                                                      for m in maps])) for k in METRICS}}
+  out = paired_diff({s: mean('kernel', s) for s in seeds}, {s: mean(base_kind, s) for s in seeds})
+  out['maps'] = maps
+  return out
+
+
 def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
   by = {}
   for r in runs:
@@ -108,6 +122,8 @@ def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
                          by.get(f'vanilla-{m}', {}))
           for m in text.MAPS if by.get(f'kernel-{m}')}
   return {'settings': settings, 'maps': maps,
+          'all_maps': {'paired_kernel_minus_ball': all_maps_diff(by, 'ball'),
+                       'paired_kernel_minus_vanilla': all_maps_diff(by, 'vanilla')},
           'commits': sorted({s['commit'] for r in runs for s in r.get('sessions', [])}),
           'prefix_commits': sorted({s['commit'] for r in runs
                                     for s in r.get('prefix', {}).get('sessions', [])}),
@@ -225,6 +241,9 @@ def dataset_markdown(dataset: str, s: dict, figures: Dict[str, str]) -> str:
       p = r[key]
       lines.append(f'| {m} | ' + ' | '.join(_ci(p[k]) for k in METRICS)
                    + f" | {p['accuracy']['n']} |")
+    p = s['all_maps'][key]
+    lines.append(f"| **all {len(p['maps'])} maps** (per seed, mean over maps) | "
+                 + ' | '.join(_ci(p[k]) for k in METRICS) + f" | {p['accuracy']['n']} |")
   lines += ['', '**Test metrics** (mean ± std over seeds):', '',
             '| map | ' + ' | '.join(f'{v} {LABELS[k]}' for v in ('Kernel', 'Ball', 'Vanilla')
                                      for k in ('accuracy', 'ece')) + ' |',
@@ -266,9 +285,10 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
                                     'alignment during Phase A (Kernel-X, lowest seed)', curves),
             'paired': report_figures.paired_figure(
                 stem + '_paired.png', f'{dataset}: Kernel-X in the learning regime',
-                {'Kernel − Ball': {m: r['paired_kernel_minus_ball'] for m, r in s['maps'].items()},
-                 'Kernel − Vanilla': {m: r['paired_kernel_minus_vanilla']
-                                      for m, r in s['maps'].items()}},
+                {name: {**{m: r[key] for m, r in s['maps'].items()},
+                        'all maps': s['all_maps'][key]}
+                 for name, key in (('Kernel − Ball', 'paired_kernel_minus_ball'),
+                                   ('Kernel − Vanilla', 'paired_kernel_minus_vanilla'))},
                 metrics=(('accuracy', 'Δ accuracy'), ('log_loss', 'Δ LogLoss'),
                          ('ece', 'Δ ECE')))}
     parts.append(dataset_markdown(dataset, s, {k: os.path.relpath(v, docs_dir)

@@ -73,10 +73,14 @@ def test_paired_differences_intervals_diagnostics_and_files(tmp_path):
   assert elu['drift_to_noise'] == 3.0                       # median over seeds
   assert elu['heldout_centered_alignment'] == pytest.approx(
       {'initial': 0.1, 'ball': 0.12, 'learned': 0.3, 'null': 0.11})
+  # One map: 'all maps' is that map's comparison.
+  pooled = json.load(open(out))['datasets']['rotten_tomatoes']['all_maps']
+  assert pooled['paired_kernel_minus_ball']['accuracy']['mean'] == pytest.approx(0.02)
+  assert pooled['paired_kernel_minus_ball']['maps'] == ['elu']
   for name in ('alignment', 'paired'):
     assert os.path.getsize(tmp_path / 'docs' / 'f' / f'phase_a_learning_rotten_tomatoes_{name}.png')
   page = open(docs).read()
-  assert '<!-- analysis -->' in page and '| elu |' in page
+  assert '<!-- analysis -->' in page and '| elu |' in page and '| **all 1 maps**' in page
   assert 'f/phase_a_learning_rotten_tomatoes_alignment.png' in page
   curves = phase_a_learning.alignment_curves(
       os.path.join(root, 'rotten_tomatoes', 'kernel-elu', 'seed0'),
@@ -114,3 +118,19 @@ def test_a_pilot_of_another_dataset_is_named_when_its_setting_was_transferred(tm
                                   str(tmp_path / 'p.md'), str(tmp_path / 'f'), meta)
   by = result['datasets']['rotten_tomatoes']['settings']['chosen_by']
   assert by['pilot_dataset'] == 'sst2' and by['setting'] == 'learn'
+
+
+def test_all_maps_is_the_per_seed_mean_over_maps_on_the_seeds_every_map_has():
+  by = {}
+  acc = {('kernel', 'elu'): [0.80, 0.82, 0.81], ('ball', 'elu'): [0.78, 0.80, 0.80],
+         ('kernel', 'cos2'): [0.70, 0.74], ('ball', 'cos2'): [0.70, 0.70]}
+  for (kind, fmap), values in acc.items():
+    by[f'{kind}-{fmap}'] = {s: {'test': dict(_METRICS, accuracy=a)}
+                            for s, a in enumerate(values)}
+  p = phase_a_learning.all_maps_diff(by, 'ball')
+  assert p['maps'] == ['elu', 'cos2'] and p['accuracy']['n'] == 2   # seed 2: elu only
+  d = np.array([(0.02 + 0.0) / 2, (0.02 + 0.04) / 2])
+  assert p['accuracy']['mean'] == pytest.approx(d.mean())
+  half = 12.706204736174698 * d.std(ddof=1) / np.sqrt(2)          # t_{0.975, 1}
+  np.testing.assert_allclose(p['accuracy']['ci95'], [d.mean() - half, d.mean() + half],
+                             rtol=1e-9)
