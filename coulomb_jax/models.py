@@ -85,7 +85,8 @@ class KernelAttention(nn.Module):
     qk_mode: ``"shared"`` (Q = K = x, no W_q/W_k) or ``"projected"``.
     orthogonal: draw the initial particles with ``features.sample_orthogonal``.
     init_radius: project the initial particles onto the ball of this radius.
-    causal: use ``attention.causal_linear_attention``.
+    causal: use ``attention.causal_linear_attention`` (not exact for inputs of large norm
+      with favor, porf_softplus or softmaxfeat: see its docstring).
     chunk_size: if set (bidirectional only), ``attention.fused_linear_attention``
       with chunks of this many tokens: the ``[B, L, H, M]`` features are never
       stored (long sequences); same outputs and gradients up to rounding.

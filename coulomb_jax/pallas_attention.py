@@ -615,6 +615,9 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
 
   Args: as ``pallas_linear_attention``, with ``chunk_size`` C (a power of two;
   L need not be a multiple of it) instead of the block and split sizes.
+
+  Not exact at large inputs for favor, porf_softplus and softmaxfeat: see
+  ``attention_core.causal_linear_attention``.
   """
   attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
   attention_core.check_eps(eps)
