@@ -48,7 +48,7 @@ def checkpoint_manager(workdir):
 def data_digest(fingerprint: dict) -> np.ndarray:
   """uint8[32]: sha256 of a run's data fingerprint (``run_folder.data_fingerprint``,
   ``{file: sha256}`` with the tokenizer), as a checkpoint leaf."""
-  text = json.dumps(dict(sorted(fingerprint.items())), sort_keys=True)
+  text = json.dumps(fingerprint, sort_keys=True)
   return np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8).copy()
 
 

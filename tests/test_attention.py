@@ -234,10 +234,11 @@ def _log_psi64(name, x, omega):
           'porf_softplus': lambda: _log_softplus64(s - half)}[name]()
 
 
-def _exact_attention(name, q, k, v, omega, mask):
+def _exact_attention(name, q, k, v, omega, mask, causal=False):
   """out_i = Σ_j w_ij v_j / Σ_j w_ij, log w_ij = logsumexp_f(ℓ(q_i)_f + ℓ(k_j)_f), in float64.
 
-  Real keys only; the weights never leave log space, so nothing under- or overflows.
+  Real keys only (and j ≤ i if ``causal``); the weights never leave log space, so
+  nothing under- or overflows.
   """
   q, k, v, omega = (np.asarray(a, np.float64) for a in (q, k, v, omega))
   out = np.zeros(v.shape)
@@ -247,7 +248,10 @@ def _exact_attention(name, q, k, v, omega, mask):
            + _log_psi64(name, k[b, :, h], omega[h])[None])              # [L_q, L_k, F]
       top = a.max(-1)
       logw = top + np.log(np.exp(a - top[..., None]).sum(-1))
-      logw = np.where(np.asarray(mask[b])[None, :], logw, -np.inf)
+      seen = np.asarray(mask[b])[None, :]
+      if causal:
+        seen = seen & np.tri(q.shape[1], dtype=bool)
+      logw = np.where(seen, logw, -np.inf)
       w = np.exp(logw - logw.max(-1, keepdims=True))
       out[b, :, h] = (w / w.sum(-1, keepdims=True)) @ v[b, :, h]
   return out
@@ -301,23 +305,6 @@ def test_every_path_is_the_exact_kernel_ratio_at_norms_1_8_40(name):
   assert np.all(np.isfinite(np.asarray(bf, np.float32)))
 
 
-def _exact_causal_attention(name, q, k, v, omega, mask):
-  """``_exact_attention`` with query i seeing keys j ≤ i only (float64, log space)."""
-  q, k, v, omega = (np.asarray(a, np.float64) for a in (q, k, v, omega))
-  out, length = np.zeros(v.shape), q.shape[1]
-  for b in range(q.shape[0]):
-    for h in range(q.shape[2]):
-      a = (_log_psi64(name, q[b, :, h], omega[h])[:, None]
-           + _log_psi64(name, k[b, :, h], omega[h])[None])
-      top = a.max(-1)
-      logw = top + np.log(np.exp(a - top[..., None]).sum(-1))
-      seen = np.asarray(mask[b])[None, :] & np.tri(length, dtype=bool)
-      w = np.exp(np.where(seen, logw, -np.inf) - np.where(seen, logw, -np.inf).max(-1,
-                                                                                   keepdims=True))
-      out[b, :, h] = (w / w.sum(-1, keepdims=True)) @ v[b, :, h]
-  return out
-
-
 # The causal paths are exact at any scale for these maps only; for favor, porf_softplus and
 # softmaxfeat the shifts do not suit an early query's prefix (attention_core's docstring).
 _CAUSAL_EXACT_AT_ANY_NORM = ('elu', 'softplus', 'sigmoid2', 'cos2')
@@ -327,7 +314,7 @@ _CAUSAL_EXACT_AT_ANY_NORM = ('elu', 'softplus', 'sigmoid2', 'cos2')
 def test_causal_paths_against_the_exact_causal_ratio(name):
   from coulomb_jax import pallas_attention  # pylint: disable=g-import-not-at-top
   q, k, v, omega, mask = _inputs_at_norms()
-  ref = _exact_causal_attention(name, q, k, v, omega, mask)
+  ref = _exact_attention(name, q, k, v, omega, mask, causal=True)
   real = np.asarray(mask)[:, :, None, None]
   outs = {'xla': pallas_attention._causal_reference(q, k, v, omega, mask, name=name,
                                                     eps=attention.DEFAULT_EPS),
