@@ -106,6 +106,8 @@ def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
   settings = {f'phase_a.{k}': first['phase_a'].get(k) for k in _SETTING_FIELDS}
   settings['phase_b.num_epochs'] = first['phase_b']['num_epochs']
   settings['data.validation_rule'] = first['data'].get('validation_rule')
+  if first['data'].get('max_train_examples'):
+    settings['data.max_train_examples'] = first['data']['max_train_examples']
   for r in kernels:   # One setting per dataset: every Kernel-X run must have it.
     mine = {f'phase_a.{k}': r['config']['phase_a'].get(k) for k in _SETTING_FIELDS}
     diff = [k for k in mine if mine[k] != settings[k]]
@@ -219,9 +221,10 @@ def dataset_markdown(dataset: str, s: dict, figures: Dict[str, str]) -> str:
     c = s['settings']['chosen_by']
     lines += [f"Chosen on validation rows by `{c['pilot']}` (setting `{c['setting']}`; "
               f"{c['rule']}).", '']
-  lines += [f"![held-out alignment against Phase A step]({figures['curves']})", '',
-            f"![paired differences]({figures['paired']})", '',
-            '**Phase A diagnostics** (Kernel-X; medians over seeds; ρ: held-out centered '
+  lines += [f"![{alt}]({figures[k]})\n" for k, alt in
+            (('curves', 'held-out alignment against Phase A step'),
+             ('paired', 'paired differences')) if figures.get(k)]
+  lines += ['**Phase A diagnostics** (Kernel-X; medians over seeds; ρ: held-out centered '
             'alignment on validation rows, mean over layers, heads and seeds):', '',
             '| map | drift/noise | repulsion/alignment | Gibbs tilt β·ΔU | moved | noise-only walk '
             '| inside ball | ρ initial | ρ ball | ρ learned | ρ null |', '|' + '---|' * 11]
@@ -263,15 +266,47 @@ def dataset_markdown(dataset: str, s: dict, figures: Dict[str, str]) -> str:
   return '\n'.join(lines)
 
 
+def _kept(out: str, fresh: List[str]) -> Dict[str, dict]:
+  """The datasets of an earlier ``out`` that have no runs now, each with the provenance
+  (``generated``) of the command that summarised it."""
+  if not os.path.exists(out):
+    return {}
+  with open(out) as f:
+    old = json.load(f)
+  made = {k: old.get(k) for k in ('command', 'commit', 'date', 'machine')}
+  return {d: {**s, 'generated': s.get('generated', made)}
+          for d, s in old.get('datasets', {}).items() if d not in fresh}
+
+
 def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
-          meta: dict) -> dict:
+          meta: dict, keep_others: bool = False, train_subsets: bool = False) -> dict:
+  """Writes ``out``, ``docs`` and the figures from the runs under ``runs_dir``.
+
+  ``keep_others``: datasets of the existing ``out`` that have no runs under ``runs_dir``
+  (a grid run one dataset at a time, the earlier runs gone) keep their entry, its
+  ``generated`` provenance and their figures; the page names where each came from.
+  ``train_subsets``: accept runs trained on fixed training rows (``report.load_runs``);
+  the settings record ``data.max_train_examples``."""
   analysis = report.read_analysis(docs)           # fails before anything is written
-  finished, _ = report.load_runs(runs_dir)
+  finished, _ = report.load_runs(runs_dir, train_subsets)
+  fresh = [d for d in report.SPLIT_NAMES if any(r['dataset'] == d for r in finished)]
+  kept = _kept(out, fresh) if keep_others else {}
+  generated = {k: meta[k] for k in ('command', 'commit', 'date', 'machine')}
+  docs_dir = os.path.dirname(docs) or '.'
   result = {'datasets': {}}
   parts = []
-  for dataset in (d for d in report.SPLIT_NAMES if any(r['dataset'] == d for r in finished)):
+  for dataset in (d for d in report.SPLIT_NAMES if d in kept or d in fresh):
+    stem = os.path.join(figures_dir, f'phase_a_learning_{dataset}')
+    if dataset in kept:
+      result['datasets'][dataset] = s = kept[dataset]
+      figs = {k: os.path.relpath(stem + suffix, docs_dir)
+              for k, suffix in (('curves', '_alignment.png'), ('paired', '_paired.png'))
+              if os.path.exists(stem + suffix)}
+      parts.append(dataset_markdown(dataset, s, figs))
+      continue
     runs = [r for r in finished if r['dataset'] == dataset]
     s = dataset_summary(runs, _pilot_for(pilots_dir, dataset, runs))
+    s['generated'] = generated
     result['datasets'][dataset] = s
     curves = {}
     for m in s['maps']:
@@ -279,8 +314,6 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
       if seed0:
         r = min(seed0, key=lambda r: r['seed'])
         curves[m] = alignment_curves(os.path.join(runs_dir, r['path']), r['phase_a'])
-    stem = os.path.join(figures_dir, f'phase_a_learning_{dataset}')
-    docs_dir = os.path.dirname(docs) or '.'
     figs = {'curves': curves_figure(stem + '_alignment.png', f'{dataset}: held-out centered '
                                     'alignment during Phase A (Kernel-X, lowest seed)', curves),
             'paired': report_figures.paired_figure(
@@ -293,7 +326,7 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
                          ('ece', 'Δ ECE')))}
     parts.append(dataset_markdown(dataset, s, {k: os.path.relpath(v, docs_dir)
                                                for k, v in figs.items()}))
-  result.update({k: meta[k] for k in ('command', 'commit', 'date', 'machine')})
+  result.update(generated)
   os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
   provenance.write_json_atomic(out, result, indent=1)
   page = ['# Does Phase A learn inside the Transformer, and does it help?', '', analysis, '',
@@ -301,6 +334,10 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
           f"Generated by `{meta['command']}` at `{meta['commit']}` ({meta['date']}); machine "
           f"{json.dumps(meta['machine'])}. Everything outside the analysis block is rewritten on "
           'every run of this command.', '']
+  for d, s in kept.items():
+    g = s['generated']
+    page += [f"{d}: entry and figures kept (`--keep_others`) from `{g['command']}` at "
+             f"`{g['commit']}` ({g['date']}); its runs were not read this time.", '']
   provenance.write_atomic(docs, '\n'.join(page))
   return result
 
@@ -309,7 +346,8 @@ def main(argv):
   del argv
   fl = flags.FLAGS
   write(fl.runs, fl.pilots, fl.out, fl.docs, fl.figures,
-        provenance.run_metadata('experiments.phase_a_learning'))
+        provenance.run_metadata('experiments.phase_a_learning'), keep_others=fl.keep_others,
+        train_subsets=fl.train_subsets)
 
 
 if __name__ == '__main__':
@@ -320,4 +358,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('out', 'results/phase_a_learning.json', 'The binding JSON.')
   flags.DEFINE_string('docs', 'docs/phase_a_learning.md', 'The markdown page.')
   flags.DEFINE_string('figures', 'docs/figures', 'Figure folder.')
+  flags.DEFINE_bool('keep_others', False, 'Keep the entries (and figures) of --out for the '
+                    'datasets that have no runs under --runs, instead of dropping them.')
+  flags.DEFINE_bool('train_subsets', False, 'Accept runs trained on a fixed subset of the '
+                    'training rows (data.max_train_examples); the settings record it.')
   app.run(main)

@@ -17,13 +17,15 @@ _PHASE_A = {'schedule': 'after_b', 'after_b_epochs': 3, 'num_epochs': 2, 'relati
             'batch_size': 64, 'null_run': True, 'calibration_rows': 512, 'heldout_rows': 1000}
 
 
-def _write_run(root, variant, seed, accuracy, rho_learned=None):
-  run = os.path.join(root, 'rotten_tomatoes', variant, f'seed{seed}')
+def _write_run(root, variant, seed, accuracy, rho_learned=None, dataset='rotten_tomatoes',
+               max_train_examples=0):
+  run = os.path.join(root, dataset, variant, f'seed{seed}')
   os.makedirs(run)
-  config = {'variant': variant, 'seed': seed, 'data': {'task': 'rotten_tomatoes'},
+  config = {'variant': variant, 'seed': seed,
+            'data': {'task': dataset, 'max_train_examples': max_train_examples},
             'model': {}, 'phase_a': dict(_PHASE_A, enabled=variant.startswith('kernel')),
             'phase_b': {'num_epochs': 5}, 'run': {}}
-  results = {'dataset': 'rotten_tomatoes', 'variant': variant, 'seed': seed, 'config': config,
+  results = {'dataset': dataset, 'variant': variant, 'seed': seed, 'config': config,
              'test': dict(_METRICS, accuracy=accuracy), 'validation': _METRICS,
              'sessions': [{'commit': 'abc1234'}]}
   history = []
@@ -134,3 +136,34 @@ def test_all_maps_is_the_per_seed_mean_over_maps_on_the_seeds_every_map_has():
   half = 12.706204736174698 * d.std(ddof=1) / np.sqrt(2)          # t_{0.975, 1}
   np.testing.assert_allclose(p['accuracy']['ci95'], [d.mean() - half, d.mean() + half],
                              rtol=1e-9)
+
+
+def test_keep_others_keeps_an_earlier_datasets_entry_with_its_provenance(tmp_path):
+  rt, sst2 = str(tmp_path / 'rt'), str(tmp_path / 'sst2')
+  for variant, acc in (('kernel-elu', 0.72), ('ball-elu', 0.70), ('vanilla-elu', 0.69)):
+    _write_run(rt, variant, 0, acc, rho_learned=0.3 if variant.startswith('kernel') else None)
+    _write_run(sst2, variant, 0, acc + 0.1, dataset='sst2', max_train_examples=8530,
+               rho_learned=0.2 if variant.startswith('kernel') else None)
+  out, docs, figs = str(tmp_path / 'o.json'), str(tmp_path / 'p.md'), str(tmp_path / 'f')
+  first = {'command': 'first', 'commit': 'aaa', 'date': 'then', 'machine': {}}
+  phase_a_learning.write(rt, str(tmp_path), out, docs, figs, first)
+  entry = json.load(open(out))['datasets']['rotten_tomatoes']
+  assert entry['generated'] == first
+  later = dict(first, command='later', commit='bbb')
+  with pytest.raises(ValueError, match='subset'):    # trained on 8530 rows: only if asked
+    phase_a_learning.write(sst2, str(tmp_path), out, docs, figs, later)
+  # Without keep_others only the datasets with runs stay.
+  assert list(phase_a_learning.write(sst2, str(tmp_path), out, docs, figs, later,
+                                     train_subsets=True)['datasets']) == ['sst2']
+  phase_a_learning.write(rt, str(tmp_path), out, docs, figs, first)
+  result = phase_a_learning.write(sst2, str(tmp_path), out, docs, figs, later, keep_others=True,
+                                  train_subsets=True)
+  assert result['datasets']['sst2']['settings']['data.max_train_examples'] == 8530
+  saved = json.load(open(out))
+  assert list(saved['datasets']) == ['sst2', 'rotten_tomatoes'] == list(result['datasets'])
+  assert saved['datasets']['rotten_tomatoes'] == entry            # verbatim, first's provenance
+  assert saved['datasets']['sst2']['generated']['commit'] == 'bbb' == saved['commit']
+  page = open(docs).read()
+  assert page.count('| elu |') == 2 * 4 and '## rotten_tomatoes' in page and '## sst2' in page
+  assert 'f/phase_a_learning_rotten_tomatoes_alignment.png' in page
+  assert 'rotten_tomatoes: entry and figures kept (`--keep_others`) from `first` at `aaa`' in page

@@ -233,6 +233,17 @@ def test_subset_runs_are_refused(tmp_path):
   provenance.write_json_atomic(path, r)
   with pytest.raises(ValueError, match='subset'):
     report.load_runs(root)
+  # A grid trained on fixed rows on purpose: accepted, said on the page, no TF-IDF row.
+  assert len(report.load_runs(root, train_subsets=True)[0]) == 1
+  docs = str(tmp_path / 'results.md')
+  s = report.write_report(root, str(tmp_path / 'out'), docs, meta=META, draw=False,
+                          train_subsets=True)['rotten_tomatoes']
+  assert s['max_train_examples'] == 64 and s['reference'] is None
+  assert 'Every run trained on the same fixed random 64 rows' in open(docs).read()
+  r['config']['data']['max_eval_examples'] = 32           # evaluation: full splits only
+  provenance.write_json_atomic(path, r)
+  with pytest.raises(ValueError, match='subset'):
+    report.load_runs(root, train_subsets=True)
 
 
 def test_kernel_and_ball_are_paired_per_seed(tmp_path):
@@ -383,3 +394,25 @@ def test_redraw_from_summaries_keeps_the_tables_and_draws_the_paired_figure(grid
     report.redraw_from_summaries(out, docs, meta=again)
   with pytest.raises(ValueError, match='holds no summary'):
     report.redraw_from_summaries(str(tmp_path / 'empty'), docs, meta=again)
+
+
+def test_keep_others_keeps_an_earlier_datasets_summary_and_figures(grid, tmp_path):
+  out, docs = str(tmp_path / 'results'), str(tmp_path / 'docs' / 'results.md')
+  report.write_report(grid, out, docs, meta=META)                 # rotten_tomatoes, then
+  rt = open(os.path.join(out, 'rotten_tomatoes.json')).read()     # its runs are gone
+  sst2 = str(tmp_path / 'grid2')
+  _write_run(sst2, 'sst2', 'kernel-favor', 0, 0.81)
+  _write_run(sst2, 'sst2', 'vanilla-favor', 0, 0.79)
+  later = dict(META, commit='def456')
+  # Without keep_others the page is only what the runs show.
+  assert list(report.write_report(sst2, out, docs, meta=later, draw=False)) == ['sst2']
+  assert 'Rotten Tomatoes' not in open(docs).read().split('## Provenance')[0]
+  summaries = report.write_report(sst2, out, docs, meta=later, keep_others=True)
+  assert list(summaries) == ['sst2', 'rotten_tomatoes']            # SPLIT_NAMES order
+  assert open(os.path.join(out, 'rotten_tomatoes.json')).read() == rt   # not rewritten
+  assert json.load(open(os.path.join(out, 'sst2.json')))['commit'] == 'def456'
+  md = open(docs).read()
+  assert '(figures/rotten_tomatoes_paired.png)' in md and '(figures/sst2_paired.png)' in md
+  assert ("summary `<out>/rotten_tomatoes.json` and figures kept from "
+          f"`{META['command']}` at `{META['commit']}`") in md
+  assert 'kept from' not in md.split('## Provenance')[0]
