@@ -15,6 +15,12 @@ meaningless. Inputs are promoted to (at least) float32 before the contractions
 (bf16 inputs included: XLA's CPU backend has no bf16×bf16→f32 dot), the
 denominator is guarded by ``eps``, and the output has ``v``'s dtype.
 
+Causal: ``fused_causal_linear_attention(q, k, v, omega, feature_map=...)`` computes
+the features from the particles chunk by chunk and is exact at any input scale for
+every map (what ``models.KernelAttention(causal=True)`` uses);
+``causal_linear_attention`` on stored features is exact only where no query's
+prefix underflows (its docstring).
+
 Exact at any input scale: give ``linear_attention`` the features of
 ``features.attention_pair`` (every map shifted in log space, one shift per key
 feature over the real keys and one per query row: common factors that cancel in
@@ -37,9 +43,11 @@ from coulomb_jax import features
 from coulomb_jax import pallas_attention
 from coulomb_jax.attention_core import (DEFAULT_EPS, causal_linear_attention,
                                         check_fused_inputs, linear_attention)
+from coulomb_jax.attention_core import \
+    xla_fused_causal_linear_attention as fused_causal_linear_attention
 
 __all__ = ['DEFAULT_EPS', 'IMPLEMENTATIONS', 'causal_linear_attention', 'check_fused_inputs',
-           'fused_linear_attention', 'linear_attention']
+           'fused_causal_linear_attention', 'fused_linear_attention', 'linear_attention']
 
 IMPLEMENTATIONS = ('auto', 'xla', 'pallas')
 """``fused_linear_attention``'s paths (see its docstring)."""

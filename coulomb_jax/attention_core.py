@@ -101,7 +101,9 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
   norm r, 2 heads, d = 8, 16 features; ``tests/test_attention.py``): max error
   ≤ 2e-6 for every map at r = 1 and for elu, softplus, sigmoid2, cos2 at r = 8 and 40;
   0.6–1.4 for favor and porf_softplus at r = 8, and up to 2.4 for favor, porf_softplus
-  and softmaxfeat at r = 40. With those maps keep the causal inputs normalised.
+  and softmaxfeat at r = 40. ``xla_fused_causal_linear_attention``
+  (``attention.fused_causal_linear_attention``, what ``models.KernelAttention`` uses)
+  is exact for every map at every scale: use it with those maps.
   """
   _check(q_feat, k_feat, v, key_mask)
   chunk = _checks.check_int('chunk_size', chunk_size, 1)
@@ -157,6 +159,37 @@ def check_fused_inputs(q, k, v, omega, key_mask, feature_map, maps) -> None:
     raise ValueError(f'key_mask must have shape [B, L] = {(b, length)}, got {key_mask.shape}.')
 
 
+def _fused_setup(q, k, v, omega, key_mask, feature_map, chunk_size, eps):
+  """The fused paths' common start: checks, promotion to ≥ float32, padding to whole
+  chunks, and the per-chunk log ψ. Returns ``(q, k, v, key_mask, to_chunks, log_psi,
+  width F, chunk C, padded length)``; ``to_chunks``: ``[B, L, ...] -> [n, B, C, ...]``."""
+  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
+  chunk = _checks.check_int('chunk_size', chunk_size, 1)
+  check_eps(eps)
+  b, length = q.shape[:2]
+  if key_mask is None:
+    key_mask = jnp.ones((b, length), bool)
+  chunk = min(chunk, length)
+  pad = (-length) % chunk
+  dtype = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
+  q, k, v, omega = (a.astype(dtype) for a in (q, k, v, omega))
+  if pad:
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q, k, v = (jnp.pad(a, widths) for a in (q, k, v))
+    key_mask = jnp.pad(key_mask, ((0, 0), (0, pad)))
+  n = (length + pad) // chunk
+  to_chunks = lambda a: jnp.moveaxis(a.reshape((b, n, chunk) + a.shape[2:]), 1, 0)
+  # F: features per head (2M for softmaxfeat's [s, −s]).
+  width = 2 * omega.shape[1] if feature_map == 'softmaxfeat' else omega.shape[1]
+
+  def log_psi(x):                                         # [B, C, H, d] -> [B, C, H, F]
+    s = jnp.einsum('bchd,hmd->bchm', x, omega)
+    return features.attention_log_psi(feature_map, s,
+                                      0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
+
+  return q, k, v, key_mask, to_chunks, log_psi, width, chunk, n * chunk
+
+
 def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                omega: jax.Array, *, feature_map: str = 'favor',
                                key_mask: Optional[jax.Array] = None, chunk_size: int = 1024,
@@ -170,32 +203,11 @@ def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   final shift is the max over all real keys), and queries e^{ℓ + m_f − M_i}
   with M_i their row max.
   """
-  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
-  chunk = _checks.check_int('chunk_size', chunk_size, 1)
-  check_eps(eps)
   b, length, h, _ = q.shape
   d_v, out_dtype = v.shape[-1], v.dtype
-  if key_mask is None:
-    key_mask = jnp.ones((b, length), bool)
-  chunk = min(chunk, length)
-  pad = (-length) % chunk
-  dtype = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
-  q, k, v, omega = (a.astype(dtype) for a in (q, k, v, omega))
-  if pad:
-    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-    q, k, v = (jnp.pad(a, widths) for a in (q, k, v))
-    key_mask = jnp.pad(key_mask, ((0, 0), (0, pad)))
-  n = (length + pad) // chunk
-  to_chunks = lambda a: jnp.moveaxis(a.reshape((b, n, chunk) + a.shape[2:]), 1, 0)
-  num_particles = omega.shape[1]
-  # F: features per head (2M for softmaxfeat's [s, −s]).
-  width = 2 * num_particles if feature_map == 'softmaxfeat' else num_particles
-  scale = math.sqrt(num_particles)
-
-  def log_psi(x):                                         # [B, C, H, d] -> [B, C, H, F]
-    s = jnp.einsum('bchd,hmd->bchm', x, omega)
-    return features.attention_log_psi(feature_map, s,
-                                      0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
+  q, k, v, key_mask, to_chunks, log_psi, width, _, padded = _fused_setup(
+      q, k, v, omega, key_mask, feature_map, chunk_size, eps)
+  scale = math.sqrt(omega.shape[1])
 
   @jax.checkpoint
   def key_step(carry, inputs):
@@ -212,8 +224,8 @@ def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     z = z * rescale + jnp.sum(phi, axis=1)
     return (s, z, m_new), None
 
-  init = (jnp.zeros((b, h, width, d_v), dtype), jnp.zeros((b, h, width), dtype),
-          jnp.full((b, h, width), -jnp.inf, dtype))
+  init = (jnp.zeros((b, h, width, d_v), q.dtype), jnp.zeros((b, h, width), q.dtype),
+          jnp.full((b, h, width), -jnp.inf, q.dtype))
   (s, z, m), _ = jax.lax.scan(key_step, init, (to_chunks(k), to_chunks(v), to_chunks(key_mask)))
   m = jnp.where(jnp.isfinite(m), m, 0.0)                  # per-feature key shifts
 
@@ -227,5 +239,81 @@ def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     return num / jnp.maximum(den, eps)[..., None]
 
   out = jax.lax.map(query_step, to_chunks(q))            # [n, B, C, H, D]
-  out = jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, h, d_v)
+  out = jnp.moveaxis(out, 0, 1).reshape(b, padded, h, d_v)
+  return out[:, :length].astype(out_dtype)
+
+
+def xla_fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                                      omega: jax.Array, *, feature_map: str = 'favor',
+                                      key_mask: Optional[jax.Array] = None,
+                                      chunk_size: int = 16,
+                                      eps: float = DEFAULT_EPS) -> jax.Array:
+  r"""Causal linear attention from the particles, exact at any input scale: ``[B, L, H, D]``.
+
+  out_i = Σ_{j≤i} w_ij v_j / Σ_{j≤i} w_ij with w_ij = φ(q_i)ᵀφ(k_j), real keys only,
+  computed chunk by chunk (C = ``chunk_size`` tokens) from ℓ = log ψ
+  (``features.attention_log_psi``) without a shift that a later key chooses:
+
+  * state of the earlier chunks (``lax.scan``): S_f = Σ_j e^{ℓ(k_j)_f − m_f} v_j and
+    z_f = Σ_j e^{ℓ(k_j)_f − m_f}, m_f the running max over the earlier real keys
+    (rescaled by e^{m_old − m_new} when a chunk raises it, as in flash attention);
+    query i reads it through a_if = ℓ(q_i)_f + m_f;
+  * inside the chunk, log w_ij = logsumexp_f(ℓ(q_i)_f + ℓ(k_j)_f) for j ≤ i
+    (``[B, H, C, C, F]`` per chunk: keep C small);
+  * one shift per query, M_i = max(max_f a_if, max_{j≤i} log w_ij), cancels in the
+    ratio; the term that attains it contributes ≥ 1 to the denominator, so nothing an
+    earlier or a later key does can make a query's terms underflow.
+
+  Time O(L·F·(C + D)), memory O(C²·F + F·D) per batch row and head beyond the inputs.
+  ``attention_core.causal_linear_attention`` on stored features is exact only where
+  no prefix underflows (its docstring); this path is exact for every map. A query
+  with no real key at or before it gets 0.
+
+  Args: as ``xla_fused_linear_attention`` (q, k ``[B, L, H, d]``, v ``[B, L, H, D]``,
+  omega ``[H, M, d]``, key_mask ``[B, L]``), with ``chunk_size`` C ≥ 1.
+  """
+  b, length, h, _ = q.shape
+  d_v, out_dtype = v.shape[-1], v.dtype
+  q, k, v, key_mask, to_chunks, log_psi, width, chunk, padded = _fused_setup(
+      q, k, v, omega, key_mask, feature_map, chunk_size, eps)
+  tril = jnp.tril(jnp.ones((chunk, chunk), bool))
+  finite_or_zero = lambda a: jnp.where(jnp.isfinite(a), a, 0.0)
+  sg = jax.lax.stop_gradient
+
+  @jax.checkpoint
+  def step(carry, inputs):
+    s, z, m = carry                       # [B, H, F, D], [B, H, F], [B, H, F] (running max)
+    qc, kc, vc, mc = inputs               # [B, C, H, d], [B, C, H, d], [B, C, H, D], [B, C]
+    keep = mc[:, :, None, None]
+    vc = jnp.where(keep, vc, 0.0)         # padded keys and values are never read
+    lq = log_psi(qc)                                                   # [B, C, H, F]
+    lk = log_psi(jnp.where(keep, kc, 0.0))                             # [B, C, H, F]
+    # Inside the chunk: log w_ij, j ≤ i and j real, else −inf.
+    pair = jax.nn.logsumexp(lq[:, :, None] + lk[:, None], axis=-1)     # [B, C_i, C_j, H]
+    seen = tril[None, :, :, None] & mc[:, None, :, None]
+    log_w = jnp.where(seen, pair, -jnp.inf)
+    # The earlier chunks, through the state: a_if = ℓ(q_i)_f + m_f (−inf: no key yet).
+    a = lq + m[:, None]                                                # [B, C, H, F]
+    top = jnp.maximum(jnp.max(log_w, axis=2), jnp.max(a, axis=-1))     # [B, C, H]
+    top = sg(finite_or_zero(top))
+    w = jnp.exp(log_w - top[:, :, None])                               # [B, C_i, C_j, H]
+    wa = jnp.exp(a - top[..., None])                                   # [B, C, H, F]
+    num = jnp.einsum('bijh,bjhd->bihd', w, vc) + jnp.einsum('bihf,bhfd->bihd', wa, s)
+    den = jnp.sum(w, axis=2) + jnp.einsum('bihf,bhf->bih', wa, z)
+    out = num / jnp.maximum(den, eps)[..., None]
+    # Add the chunk's real keys to the state, rescaled to the new running max.
+    logits = jnp.where(keep, lk, -jnp.inf)
+    m_new = sg(jnp.maximum(m, jnp.max(logits, axis=1)))                # [B, H, F]
+    m_safe = finite_or_zero(m_new)
+    rescale = jnp.where(jnp.isfinite(m), jnp.exp(m - m_safe), 0.0)
+    phi = jnp.exp(logits - m_safe[:, None])
+    s = s * rescale[..., None] + jnp.einsum('bchf,bchd->bhfd', phi, vc)
+    z = z * rescale + jnp.sum(phi, axis=1)
+    return (s, z, m_new), out
+
+  init = (jnp.zeros((b, h, width, d_v), q.dtype), jnp.zeros((b, h, width), q.dtype),
+          jnp.full((b, h, width), -jnp.inf, q.dtype))
+  _, out = jax.lax.scan(step, init, (to_chunks(q), to_chunks(k), to_chunks(v),
+                                     to_chunks(key_mask)))
+  out = jnp.moveaxis(out, 0, 1).reshape(b, padded, h, d_v)
   return out[:, :length].astype(out_dtype)

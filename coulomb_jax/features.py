@@ -160,7 +160,8 @@ def favor_pair(q: jax.Array, k: jax.Array, omega: jax.Array,
   ratio does not depend on them, so gradients are exact.
 
   For causal attention m_f may come from a later key, so the bound holds only
-  for the rows after it (see ``attention_pair``).
+  for the rows after it (see ``attention_pair``; ``attention.fused_causal_linear_attention``
+  is exact at any scale).
 
   Returns:
     ``(q_feat [..., L_q, N], k_feat [..., L_k, N])``, at least float32.
@@ -273,9 +274,11 @@ def attention_pair(q: jax.Array, k: jax.Array, omega: jax.Array, feature_map: st
   Causal attention: m_f may come from a later key, so the bound holds only for
   the rows after it, and at large input scales (norm ≳ 8) a query whose prefix
   holds only keys far below the later maxima can underflow to the guard: the
-  bidirectional paths are exact at any scale, the causal ones only where no row
-  underflows (``pallas_attention.pallas_causal_linear_attention``'s running maxima
-  per chunk narrow that, but keys later in a query's own chunk still count).
+  bidirectional paths are exact at any scale, the causal ones on these features only
+  where no row underflows (``pallas_attention.pallas_causal_linear_attention``'s running
+  maxima per chunk narrow that, but keys later in a query's own chunk still count).
+  ``attention.fused_causal_linear_attention`` computes its own shifts per prefix and
+  is exact at any scale for every map.
 
   Returns:
     ``(q_feat [..., L_q, F], k_feat [..., L_k, F])``, at least float32.

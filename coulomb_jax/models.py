@@ -85,11 +85,12 @@ class KernelAttention(nn.Module):
     qk_mode: ``"shared"`` (Q = K = x, no W_q/W_k) or ``"projected"``.
     orthogonal: draw the initial particles with ``features.sample_orthogonal``.
     init_radius: project the initial particles onto the ball of this radius.
-    causal: use ``attention.causal_linear_attention`` (not exact for inputs of large norm
-      with favor, porf_softplus or softmaxfeat: see its docstring).
-    chunk_size: if set (bidirectional only), ``attention.fused_linear_attention``
-      with chunks of this many tokens: the ``[B, L, H, M]`` features are never
-      stored (long sequences); same outputs and gradients up to rounding.
+    causal: token i attends to tokens j ≤ i only, through
+      ``attention.fused_causal_linear_attention`` (exact at any input scale for every
+      map) with chunks of ``chunk_size`` tokens (16 if None).
+    chunk_size: if set, ``attention.fused_linear_attention`` with chunks of this many
+      tokens: the ``[B, L, H, M]`` features are never stored (long sequences); same
+      outputs and gradients up to rounding. With ``causal``: the causal chunk.
   """
   num_heads: int
   feature_map: str = 'favor'
@@ -131,7 +132,12 @@ class KernelAttention(nn.Module):
     # Phase A's data: the per-head mean over real tokens of the (scaled) keys,
     # ``[B, H, D_h]``; collected with ``mutable=['intermediates']``.
     self.sow('intermediates', 'phase_a_inputs', masked_mean(k * scale, mask, axis=1))
-    if self.chunk_size is not None and not self.causal:
+    if self.causal:
+      out = attention.fused_causal_linear_attention(
+          q * scale, k * scale, v, particles, feature_map=self.feature_map, key_mask=mask,
+          chunk_size=16 if self.chunk_size is None else self.chunk_size)
+      return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
+    if self.chunk_size is not None:
       out = attention.fused_linear_attention(
           q * scale, k * scale, v, particles, feature_map=self.feature_map, key_mask=mask,
           chunk_size=self.chunk_size)
@@ -141,8 +147,7 @@ class KernelAttention(nn.Module):
     pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, self.feature_map, mask)
     q_feat, k_feat = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q * scale, k * scale,
                                                                    particles)
-    out_fn = attention.causal_linear_attention if self.causal else attention.linear_attention
-    out = out_fn(q_feat, k_feat, v, mask)
+    out = attention.linear_attention(q_feat, k_feat, v, mask)
     return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
 
 

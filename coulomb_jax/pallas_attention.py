@@ -617,7 +617,8 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   L need not be a multiple of it) instead of the block and split sizes.
 
   Not exact at large inputs for favor, porf_softplus and softmaxfeat: see
-  ``attention_core.causal_linear_attention``.
+  ``attention_core.causal_linear_attention``; ``attention.fused_causal_linear_attention``
+  (XLA) is exact for every map.
   """
   attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
   attention_core.check_eps(eps)

@@ -305,8 +305,10 @@ def test_every_path_is_the_exact_kernel_ratio_at_norms_1_8_40(name):
   assert np.all(np.isfinite(np.asarray(bf, np.float32)))
 
 
-# The causal paths are exact at any scale for these maps only; for favor, porf_softplus and
-# softmaxfeat the shifts do not suit an early query's prefix (attention_core's docstring).
+# The causal paths on stored features (the XLA reference of the Pallas kernel, and the
+# kernel) are exact at any scale for these maps only; for favor, porf_softplus and
+# softmaxfeat their shifts do not suit an early query's prefix (attention_core's
+# docstring). fused_causal_linear_attention is exact for every map.
 _CAUSAL_EXACT_AT_ANY_NORM = ('elu', 'softplus', 'sigmoid2', 'cos2')
 
 
@@ -325,6 +327,22 @@ def test_causal_paths_against_the_exact_causal_ratio(name):
   for path, out in outs.items():
     err = np.max(np.abs(np.where(real, np.asarray(out) - ref, 0.0)), axis=(1, 2, 3))[norms]
     assert np.all(err <= tol), (path, err, tol)
+  # The fused causal path: every map, norms 1, 8 and 40, chunks that do and do not divide L
+  # (before it, favor and porf_softplus were off by 0.6-1.4 at norm 8).
+  tol = 1e-6 * (2.0 + 0.4 * np.square(NORMS))
+  fused = lambda c: lambda *a: attention.fused_causal_linear_attention(
+      *a, feature_map=name, key_mask=mask, chunk_size=c)
+  for chunk in (1, 5, 16):
+    out = np.asarray(jax.jit(fused(chunk))(q, k, v, omega))
+    err = np.max(np.abs(np.where(real, out - ref, 0.0)), axis=(1, 2, 3))
+    assert np.all(err <= tol), (chunk, err, tol)
+  w = jax.random.normal(jax.random.key(22), v.shape)
+  grads = jax.jit(jax.grad(lambda *a: jnp.sum(w * fused(5)(*a)), argnums=(0, 1, 3)))(
+      q, k, v, omega)
+  assert all(np.all(np.isfinite(g)) for g in grads)
+  bf = jax.jit(fused(5))(*(a.astype(jnp.bfloat16) for a in (q, k, v)), omega)
+  chex.assert_type(bf, jnp.bfloat16)
+  assert np.all(np.isfinite(np.asarray(bf, np.float32)))
 
 
 class AttentionVariantsTest(chex.TestCase):

@@ -161,6 +161,12 @@ CASES = [
      ValueError, rf"^eps {NUMBER} '1e-6'"),
     ('causal chunk 0', lambda t: attention.causal_linear_attention(FEAT, FEAT, V, chunk_size=0),
      ValueError, r'^chunk_size must be an integer >= 1, got 0\.$'),
+    ('fused causal chunk 0', lambda t: attention.fused_causal_linear_attention(
+        Q, Q, V, OMEGA_H, chunk_size=0),
+     ValueError, r'^chunk_size must be an integer >= 1, got 0\.$'),
+    ('fused causal rff', lambda t: attention.fused_causal_linear_attention(
+        Q, Q, V, OMEGA_H, feature_map='rff'),
+     ValueError, rf"^feature_map must be one of {ATTENTION_MAPS}, got 'rff'"),
     ('fused implementation', lambda t: attention.fused_linear_attention(
         Q, Q, V, OMEGA_H, implementation='triton'),
      ValueError, r"^implementation must be one of \('auto', 'xla', 'pallas'\), got 'triton'"),
