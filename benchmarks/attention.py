@@ -20,7 +20,9 @@ each call ended by ``block_until_ready``) of the forward and of forward+backward
   backend picks it), skipped above ``--softmax_max_len``;
 * ``causal`` (stored features, then ``attention.causal_linear_attention``) and
   ``pallas_causal`` (``pallas_attention.pallas_causal_linear_attention``): the
-  causal (decoder) form, for ``--impls`` to add.
+  causal (decoder) form, for ``--impls`` to add; ``fused_causal``
+  (``attention.fused_causal_linear_attention``, the model's causal path, exact at
+  any input scale for every map).
 
 ``vanilla`` particles are an orthogonal N(0, I) draw; ``learned`` ones are the
 same draw after Langevin-like moves (projected onto the radius-1.5 ball and
@@ -104,6 +106,13 @@ def causal(feature_map, omega, q, k, v):
       q * scale, k * scale, v, omega, None, name=feature_map, eps=attention.DEFAULT_EPS)
 
 
+def fused_causal(feature_map, omega, q, k, v):
+  """Causal from the particles, exact at any scale (``fused_causal_linear_attention``)."""
+  scale = q.shape[-1] ** -0.25
+  return attention.fused_causal_linear_attention(q * scale, k * scale, v, omega,
+                                                 feature_map=feature_map)
+
+
 def pallas_causal(feature_map, omega, q, k, v):
   scale = q.shape[-1] ** -0.25
   return pallas_attention.pallas_causal_linear_attention(q * scale, k * scale, v, omega,
@@ -112,7 +121,7 @@ def pallas_causal(feature_map, omega, q, k, v):
 
 IMPLS = {'materialized': materialized, 'fused': fused,
          'pallas': functools.partial(fused, implementation='pallas'), 'softmax': softmax,
-         'causal': causal, 'pallas_causal': pallas_causal}
+         'causal': causal, 'fused_causal': fused_causal, 'pallas_causal': pallas_causal}
 
 
 def peak_mb():
