@@ -332,7 +332,7 @@ def test_causal_paths_against_the_exact_causal_ratio(name):
   tol = 1e-6 * (2.0 + 0.4 * np.square(NORMS))
   fused = lambda c: lambda *a: attention.fused_causal_linear_attention(
       *a, feature_map=name, key_mask=mask, chunk_size=c)
-  for chunk in (1, 5, 16):
+  for chunk in (5, 16):                    # 5 does not divide L = 12; 16 > L: one chunk
     out = np.asarray(jax.jit(fused(chunk))(q, k, v, omega))
     err = np.max(np.abs(np.where(real, out - ref, 0.0)), axis=(1, 2, 3))
     assert np.all(err <= tol), (chunk, err, tol)
