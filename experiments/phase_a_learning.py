@@ -18,7 +18,13 @@ the same Phase B epochs, and writes per dataset and map:
 * the settings (the Kernel-X runs' Phase A and schedule fields, and the pilot
   that chose them, ``results/phase_a_pilot_<dataset>.json``).
 
-and two figures per dataset in ``docs/figures/``: held-out ρ against Phase A step
+``--keep_others`` keeps the entries of ``--out`` for datasets with no runs under
+``--runs`` (their runs gone; each entry names the command that made it, ``generated``);
+``--train_subsets`` accepts runs trained on one fixed subset of the training rows
+(``data.max_train_examples``, recorded in the settings): the committed file was made
+with both (SST-2 on 8,530 rows, Rotten Tomatoes kept from an earlier run).
+
+Also two figures per dataset in ``docs/figures/``: held-out ρ against Phase A step
 (learned, with the initial and ball levels of each stage; seed 0) and a forest
 plot of the paired differences. The markdown page keeps its hand-written
 analysis block (between the ``report`` markers) and regenerates the rest.
