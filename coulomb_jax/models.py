@@ -131,23 +131,22 @@ class KernelAttention(nn.Module):
     # One feature map per head: vmap over the head axis of inputs and particles.
     # Phase A's data: the per-head mean over real tokens of the (scaled) keys,
     # ``[B, H, D_h]``; collected with ``mutable=['intermediates']``.
-    self.sow('intermediates', 'phase_a_inputs', masked_mean(k * scale, mask, axis=1))
+    q, k = q * scale, k * scale
+    self.sow('intermediates', 'phase_a_inputs', masked_mean(k, mask, axis=1))
     if self.causal:
       out = attention.fused_causal_linear_attention(
-          q * scale, k * scale, v, particles, feature_map=self.feature_map, key_mask=mask,
+          q, k, v, particles, feature_map=self.feature_map, key_mask=mask,
           chunk_size=16 if self.chunk_size is None else self.chunk_size)
-      return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
-    if self.chunk_size is not None:
+    elif self.chunk_size is not None:
       out = attention.fused_linear_attention(
-          q * scale, k * scale, v, particles, feature_map=self.feature_map, key_mask=mask,
+          q, k, v, particles, feature_map=self.feature_map, key_mask=mask,
           chunk_size=self.chunk_size)
-      return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
-    # Stabilised together in log space (shifts per key feature over real keys, and per
-    # query row): exact at any input scale.
-    pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, self.feature_map, mask)
-    q_feat, k_feat = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q * scale, k * scale,
-                                                                   particles)
-    out = attention.linear_attention(q_feat, k_feat, v, mask)
+    else:
+      # Stabilised together in log space (shifts per key feature over real keys, and per
+      # query row): exact at any input scale.
+      pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, self.feature_map, mask)
+      q_feat, k_feat = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, particles)
+      out = attention.linear_attention(q_feat, k_feat, v, mask)
     return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
 
 
