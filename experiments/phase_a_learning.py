@@ -34,11 +34,11 @@ import json
 import os
 from typing import Dict, List, Optional
 
-from absl import app
 from absl import flags
 import numpy as np
 
 from configs import text
+from experiments import cli
 from experiments import provenance
 from experiments import report
 from experiments import report_figures
@@ -284,19 +284,39 @@ def _kept(out: str, fresh: List[str]) -> Dict[str, dict]:
           for d, s in old.get('datasets', {}).items() if d not in fresh}
 
 
+def _entry_run_keys(entry) -> set:
+  """``{(variant, seed)}`` of one dataset's entry in the written JSON."""
+  return {(f'{kind}-{m}', int(seed)) for m, s in entry.get('maps', {}).items()
+          for kind, seeds in s.get('seeds', {}).items() for seed in seeds}
+
+
+def _old_run_keys(out: str) -> dict:
+  """``{dataset: {(variant, seed)}}`` of the JSON ``out`` holds now (empty if none)."""
+  if not os.path.exists(out):
+    return {}
+  return {d: _entry_run_keys(s)
+          for d, s in report.read_json(out).get('datasets', {}).items()}
+
+
 def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
-          meta: dict, keep_others: bool = False, train_subsets: bool = False) -> dict:
+          meta: dict, keep_others: bool = False, train_subsets: bool = False,
+          allow_fewer: bool = False) -> dict:
   """Writes ``out``, ``docs`` and the figures from the runs under ``runs_dir``.
 
   ``keep_others``: datasets of the existing ``out`` that have no runs under ``runs_dir``
   (a grid run one dataset at a time, the earlier runs gone) keep their entry, its
   ``generated`` provenance and their figures; the page names where each came from.
   ``train_subsets``: accept runs trained on fixed training rows (``report.load_runs``);
-  the settings record ``data.max_train_examples``."""
+  the settings record ``data.max_train_examples``. Like ``report.write_report``, nothing is
+  written when the runs hold fewer datasets or (variant, seed) pairs than ``out`` (or none),
+  unless ``allow_fewer``."""
   analysis = report.read_analysis(docs)           # fails before anything is written
   finished, _ = report.load_runs(runs_dir, train_subsets)
   fresh = [d for d in report.SPLIT_NAMES if any(r['dataset'] == d for r in finished)]
   kept = _kept(out, fresh) if keep_others else {}
+  new = report.run_keys(finished)
+  new.update({d: _entry_run_keys(s) for d, s in kept.items()})
+  report.check_not_fewer(_old_run_keys(out), new, f'{out} and {docs}', allow_fewer)
   generated = {k: meta[k] for k in ('command', 'commit', 'date', 'machine')}
   docs_dir = os.path.dirname(docs) or '.'
   result = {'datasets': {}}
@@ -353,7 +373,7 @@ def main(argv):
   fl = flags.FLAGS
   write(fl.runs, fl.pilots, fl.out, fl.docs, fl.figures,
         provenance.run_metadata('experiments.phase_a_learning'), keep_others=fl.keep_others,
-        train_subsets=fl.train_subsets)
+        train_subsets=fl.train_subsets, allow_fewer=fl.allow_fewer)
 
 
 if __name__ == '__main__':
@@ -368,4 +388,6 @@ if __name__ == '__main__':
                     'datasets that have no runs under --runs, instead of dropping them.')
   flags.DEFINE_bool('train_subsets', False, 'Accept runs trained on a fixed subset of the '
                     'training rows (data.max_train_examples); the settings record it.')
-  app.run(main)
+  flags.DEFINE_bool('allow_fewer', False, 'Write even when the runs found hold fewer '
+                    'datasets, variants or seeds than --out (or none): refused by default.')
+  cli.run(main, config_flags=())

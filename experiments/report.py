@@ -62,6 +62,7 @@ if __name__ == '__main__' and not __package__:
 import numpy as np
 
 from configs import text
+from experiments import cli
 from experiments import progress as progress_lib
 from experiments import provenance
 from experiments import report_figures
@@ -603,19 +604,74 @@ def markdown(summaries, analysis, meta, figures: Optional[dict] = None,
   return '\n'.join(parts)
 
 
+# ----------------------------------------------------------------------------- never less
+
+def run_keys(runs) -> dict:
+  """``{dataset: {(variant, seed)}}`` of finished runs (``load_runs`` rows)."""
+  keys = {}
+  for r in runs:
+    keys.setdefault(r['dataset'], set()).add((r['variant'], int(r['seed'])))
+  return keys
+
+
+def summary_run_keys(out_dir: str) -> dict:
+  """``{dataset: {(variant, seed)}}`` of the summaries ``write_report`` left in ``out_dir``."""
+  keys = {}
+  for d in SPLIT_NAMES:
+    path = os.path.join(out_dir, f'{d}.json')
+    if os.path.exists(path):
+      keys[d] = {(r['variant'], int(r['seed'])) for r in read_json(path).get('runs', [])}
+  return keys
+
+
+def check_not_fewer(old: dict, new: dict, replaced: str, allow_fewer: bool = False) -> None:
+  """Refuses, before anything is written, to replace results by fewer.
+
+  ``old`` / ``new``: ``{dataset: {(variant, seed)}}`` of what ``replaced`` (the files named
+  in the message) holds now and of what would be written. ValueError when ``new`` holds
+  no run at all, or lacks a dataset or a (variant, seed) that ``old`` has (a
+  ``cli.ConfigError``: one line from the command); ``allow_fewer``
+  (``--allow_fewer``) writes anyway."""
+  if allow_fewer:
+    return
+  if not any(new.values()):
+    raise cli.ConfigError(f'--runs: no finished run found; refusing to replace {replaced} by an '
+                     f'empty summary (pass --allow_fewer to write it anyway).')
+  lost = {d: sorted(old[d] - new.get(d, set())) for d in sorted(old)
+          if old[d] - new.get(d, set())}
+  if lost:
+    said = '; '.join(f'{d}: {len(v)} run(s), e.g. {v[0][0]} seed {v[0][1]}'
+                     for d, v in lost.items())
+    raise cli.ConfigError(f'--runs: the runs found lack what {replaced} holds now ({said}); '
+                     f'refusing to replace results by fewer (pass --keep_others to keep the '
+                     f'datasets without runs, --allow_fewer to write anyway).')
+
+
+def read_json(path: str):
+  """``json.load`` of ``path``; a corrupt file is one ValueError naming it."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise cli.ConfigError(f'{path}: not valid JSON ({e}).') from None
+
+
 # ----------------------------------------------------------------------------- entry point
 
 def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
                  tfidf_dir: Optional[str] = None, meta: Optional[dict] = None,
                  figures_dir: Optional[str] = None, draw: bool = True,
-                 keep_others: bool = False, train_subsets: bool = False) -> dict:
+                 keep_others: bool = False, train_subsets: bool = False,
+                 allow_fewer: bool = False) -> dict:
   """Writes ``<out_dir>/<dataset>.json``, ``docs_path`` and (``draw``) the figures in
   ``figures_dir`` (default ``figures/`` next to ``docs_path``); returns ``{dataset: summary}``.
 
   ``keep_others``: a dataset without runs under ``runs_dir`` whose ``<out_dir>/<dataset>.json``
   exists keeps that summary and its figures on the page (a grid run one dataset at a time,
   after the earlier dataset's runs are gone); the page names the command and commit each
-  kept summary came from. ``train_subsets``: see ``load_runs``."""
+  kept summary came from. ``train_subsets``: see ``load_runs``. Results are never replaced
+  by fewer (``check_not_fewer``): with no finished run, or with fewer datasets, variants or
+  seeds than the summaries in ``out_dir``, nothing is written unless ``allow_fewer``."""
   meta = meta or provenance.run_metadata('experiments.report')
   tfidf_dir = os.path.join(out_dir, 'tfidf') if tfidf_dir is None else tfidf_dir
   docs_dir = os.path.dirname(docs_path)
@@ -624,6 +680,10 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
   progress = progress_lib.Progress('report', total=0, unit='dataset')
   progress.say(f'reading the runs under {runs_dir} …')
   finished, unfinished = load_runs(runs_dir, train_subsets)
+  old, new = summary_run_keys(out_dir), run_keys(finished)
+  if keep_others:
+    new.update({d: keys for d, keys in old.items() if d not in new})
+  check_not_fewer(old, new, f'{out_dir}/<dataset>.json and {docs_path}', allow_fewer)
   # The datasets with runs; with none at all, those with a reference row.
   datasets = ({r['dataset'] for r in finished + unfinished}
               or {d for d in SPLIT_NAMES if load_reference(tfidf_dir, d)})
@@ -723,6 +783,10 @@ if __name__ == '__main__':
       'train_subsets', False, 'Accept runs trained on a fixed subset of the training rows '
       '(data.max_train_examples, the same in every run); the page says so.')
 
+  _ALLOW_FEWER = flags.DEFINE_bool(
+      'allow_fewer', False, 'Write even when the runs found hold fewer datasets, variants or '
+      'seeds than the summaries in --out (or none): by default that is refused.')
+
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f'unexpected arguments: {argv[1:]}')
@@ -732,9 +796,10 @@ if __name__ == '__main__':
       return
     summaries = write_report(_RUNS.value, _OUT.value, _DOCS.value, tfidf_dir=_TFIDF.value,
                              figures_dir=_FIGURES.value, keep_others=_KEEP_OTHERS.value,
-                             train_subsets=_TRAIN_SUBSETS.value)
+                             train_subsets=_TRAIN_SUBSETS.value,
+                             allow_fewer=_ALLOW_FEWER.value)
     for d, s in summaries.items():
       print(f"{d}: {len(s['runs'])} runs, {len(s['variants'])} variants, "
             f"{len(s['unfinished'])} unfinished", flush=True)
 
-  app.run(main)
+  cli.run(main, config_flags=())

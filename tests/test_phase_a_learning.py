@@ -152,10 +152,15 @@ def test_keep_others_keeps_an_earlier_datasets_entry_with_its_provenance(tmp_pat
   later = dict(first, command='later', commit='bbb')
   with pytest.raises(ValueError, match='subset'):    # trained on 8530 rows: only if asked
     phase_a_learning.write(sst2, str(tmp_path), out, docs, figs, later)
-  # Without keep_others only the datasets with runs stay.
+  # Without keep_others Rotten Tomatoes would be dropped: refused, nothing written.
+  saved_before, page = open(out, 'rb').read(), open(docs, 'rb').read()
+  with pytest.raises(ValueError, match=r'rotten_tomatoes: 3 run\(s\).*fewer'):
+    phase_a_learning.write(sst2, str(tmp_path), out, docs, figs, later, train_subsets=True)
+  assert open(out, 'rb').read() == saved_before and open(docs, 'rb').read() == page
+  # allow_fewer: only the datasets with runs stay.
   assert list(phase_a_learning.write(sst2, str(tmp_path), out, docs, figs, later,
-                                     train_subsets=True)['datasets']) == ['sst2']
-  phase_a_learning.write(rt, str(tmp_path), out, docs, figs, first)
+                                     train_subsets=True, allow_fewer=True)['datasets']) == ['sst2']
+  phase_a_learning.write(rt, str(tmp_path), out, docs, figs, first, allow_fewer=True)
   result = phase_a_learning.write(sst2, str(tmp_path), out, docs, figs, later, keep_others=True,
                                   train_subsets=True)
   assert result['datasets']['sst2']['settings']['data.max_train_examples'] == 8530
@@ -167,3 +172,18 @@ def test_keep_others_keeps_an_earlier_datasets_entry_with_its_provenance(tmp_pat
   assert page.count('| elu |') == 2 * 4 and '## rotten_tomatoes' in page and '## sst2' in page
   assert 'f/phase_a_learning_rotten_tomatoes_alignment.png' in page
   assert 'rotten_tomatoes: entry and figures kept (`--keep_others`) from `first` at `aaa`' in page
+
+
+def test_an_empty_runs_folder_leaves_the_files_byte_identical(tmp_path):
+  rt = str(tmp_path / 'rt')
+  for variant, acc in (('kernel-elu', 0.72), ('ball-elu', 0.70), ('vanilla-elu', 0.69)):
+    _write_run(rt, variant, 0, acc, rho_learned=0.3 if variant.startswith('kernel') else None)
+  out, docs, figs = str(tmp_path / 'o.json'), str(tmp_path / 'p.md'), str(tmp_path / 'f')
+  meta = {'command': 'c', 'commit': 'aaa', 'date': 'then', 'machine': {}}
+  phase_a_learning.write(rt, str(tmp_path), out, docs, figs, meta)
+  saved, page = open(out, 'rb').read(), open(docs, 'rb').read()
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  with pytest.raises(ValueError, match='no finished run found'):
+    phase_a_learning.write(str(empty), str(tmp_path), out, docs, figs, meta)
+  assert open(out, 'rb').read() == saved and open(docs, 'rb').read() == page

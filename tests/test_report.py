@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -404,8 +405,14 @@ def test_keep_others_keeps_an_earlier_datasets_summary_and_figures(grid, tmp_pat
   _write_run(sst2, 'sst2', 'kernel-favor', 0, 0.81)
   _write_run(sst2, 'sst2', 'vanilla-favor', 0, 0.79)
   later = dict(META, commit='def456')
-  # Without keep_others the page is only what the runs show.
-  assert list(report.write_report(sst2, out, docs, meta=later, draw=False)) == ['sst2']
+  # Without keep_others the page would lose Rotten Tomatoes: refused, nothing written.
+  page = open(docs).read()
+  with pytest.raises(ValueError, match=r'rotten_tomatoes: 3 run\(s\).*fewer'):
+    report.write_report(sst2, out, docs, meta=later, draw=False)
+  assert open(docs).read() == page and not os.path.exists(os.path.join(out, 'sst2.json'))
+  # allow_fewer: the page is only what the runs show.
+  assert list(report.write_report(sst2, out, docs, meta=later, draw=False,
+                                  allow_fewer=True)) == ['sst2']
   assert 'Rotten Tomatoes' not in open(docs).read().split('## Provenance')[0]
   summaries = report.write_report(sst2, out, docs, meta=later, keep_others=True)
   assert list(summaries) == ['sst2', 'rotten_tomatoes']            # SPLIT_NAMES order
@@ -416,3 +423,44 @@ def test_keep_others_keeps_an_earlier_datasets_summary_and_figures(grid, tmp_pat
   assert ("summary `<out>/rotten_tomatoes.json` and figures kept from "
           f"`{META['command']}` at `{META['commit']}`") in md
   assert 'kept from' not in md.split('## Provenance')[0]
+
+
+def _tree_bytes(root):
+  return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), 'rb').read()
+          for d, _, files in os.walk(root) for f in files}
+
+
+def test_results_are_never_replaced_by_fewer(grid, tmp_path):
+  out, docs = str(tmp_path / 'results'), str(tmp_path / 'docs' / 'results.md')
+  report.write_report(grid, out, docs, meta=META)
+  before = _tree_bytes(str(tmp_path))
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  with pytest.raises(ValueError, match='no finished run found'):
+    report.write_report(str(empty), out, docs, meta=META)
+  # A folder holding only an unfinished run (a config.json, no results.json).
+  unfinished = tmp_path / 'unfinished' / 'rotten_tomatoes' / 'kernel-favor' / 'seed0'
+  unfinished.mkdir(parents=True)
+  (unfinished / 'config.json').write_text(json.dumps(
+      {'data': {'task': 'rotten_tomatoes'}, 'variant': 'kernel-favor', 'seed': 0}))
+  with pytest.raises(ValueError, match='no finished run found'):
+    report.write_report(str(tmp_path / 'unfinished'), out, docs, meta=META)
+  # One seed fewer than the summary holds.
+  fewer = str(tmp_path / 'fewer')
+  shutil.copytree(grid, fewer)
+  shutil.rmtree(os.path.join(fewer, 'rotten_tomatoes', 'kernel-favor', 'seed1'))
+  with pytest.raises(ValueError, match=r'kernel-favor seed 1.*fewer'):
+    report.write_report(fewer, out, docs, meta=META)
+  after = _tree_bytes(str(tmp_path))
+  assert {k: v for k, v in after.items() if k in before} == before
+  # The same runs again (or more) are fine.
+  report.write_report(grid, out, docs, meta=META)
+
+
+def test_a_corrupt_summary_is_named(grid, tmp_path):
+  out, docs = str(tmp_path / 'results'), str(tmp_path / 'results.md')
+  os.makedirs(out)
+  with open(os.path.join(out, 'rotten_tomatoes.json'), 'w') as f:
+    f.write('{"runs": [')
+  with pytest.raises(ValueError, match=r'rotten_tomatoes.json: not valid JSON'):
+    report.write_report(grid, out, docs, meta=META)
