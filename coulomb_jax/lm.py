@@ -1,0 +1,175 @@
+r"""A small causal language model for associative recall (MQAR), and its training step.
+
+``CausalLM``: token + learned position embeddings, ``num_layers`` pre-LayerNorm blocks
+x ← x + Attn(LN x), x ← x + MLP(LN x) (no MLP when ``mlp_ratio = 0``), a final LayerNorm
+and a per-token linear head → logits ``[B, L, V]``. Attention is causal:
+
+* ``'softmax'``: flax's multi-head dot-product attention (W_q, W_k, W_v, W_o) under the
+  mask ``j ≤ i`` and, if given, the padding mask on keys;
+* ``'kernel'``: ``models.KernelAttention(qk_mode='projected', causal=True)``: linear
+  attention with a particle feature map (params ``block_i/attn/particles: [H, M, D_h]``),
+  padded keys excluded through its ``mask``.
+
+No dropout. Loss and accuracy count answer positions only (``mqar_loss_and_accuracy``).
+``train_step`` updates every parameter, particles included, with adamw (``make_state``).
+"""
+
+import functools
+from typing import Callable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+from coulomb_jax import _checks
+from coulomb_jax import features
+from coulomb_jax import models
+
+LM_ATTENTIONS = ('softmax', 'kernel')
+
+
+class Block(nn.Module):
+  """Pre-LayerNorm block: x + Attn(LN x), then x + MLP(LN x) if ``mlp_dim > 0``.
+
+  ``make_attention(name=...)`` builds the attention module (params under ``attn``).
+  """
+  make_attention: Callable[..., nn.Module]
+  mlp_dim: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
+    x = x + self.make_attention(name='attn')(nn.LayerNorm(name='ln_attn')(x), mask)
+    if self.mlp_dim > 0:
+      h = nn.Dense(self.mlp_dim, name='mlp_in')(nn.LayerNorm(name='ln_mlp')(x))
+      x = x + nn.Dense(x.shape[-1], name='mlp_out')(nn.gelu(h))
+    return x
+
+
+class CausalSoftmaxAttention(nn.Module):
+  """Causal softmax attention; ``mask: [B, L]`` (True for real tokens) hides padded keys."""
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    b, length = x.shape[:2]
+    attn_mask = nn.make_causal_mask(jnp.ones((b, length), bool))          # [B, 1, L, L]
+    if mask is not None:
+      attn_mask = nn.combine_masks(attn_mask, nn.make_attention_mask(mask, mask))
+    return nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name='mha')(
+        x, x, mask=attn_mask, deterministic=True)
+
+
+class CausalLM(nn.Module):
+  """Causal LM: ``tokens: [B, L]`` int, ``mask: [B, L]`` bool or None → logits ``[B, L, V]``.
+
+  Attributes:
+    vocab_size: V.
+    max_len: the longest L (size of the learned position table).
+    width: E, the model width (divisible by ``num_heads``).
+    num_layers: number of blocks.
+    num_heads: H.
+    attention: ``'softmax'`` or ``'kernel'``.
+    feature_map: for ``'kernel'``, a name in ``features.ATTENTION_FEATURE_MAPS``.
+    num_features: for ``'kernel'``, M particles per head.
+    mlp_ratio: MLP hidden width = ``mlp_ratio · width``; 0 = attention-only blocks.
+  """
+  vocab_size: int
+  max_len: int
+  width: int = 64
+  num_layers: int = 2
+  num_heads: int = 2
+  attention: str = 'softmax'
+  feature_map: str = 'favor'
+  num_features: int = 64
+  mlp_ratio: int = 2
+
+  def check(self, length: int) -> None:
+    """The fields and the input length; one ``ValueError`` naming the culprit."""
+    for name in ('vocab_size', 'max_len', 'width', 'num_layers', 'num_heads', 'num_features'):
+      _checks.check_int(name, getattr(self, name), 1)
+    _checks.check_int('mlp_ratio', self.mlp_ratio, 0)
+    if self.attention not in LM_ATTENTIONS:
+      raise ValueError(f'attention must be one of {LM_ATTENTIONS}, got {self.attention!r}.')
+    if self.attention == 'kernel' and self.feature_map not in features.ATTENTION_FEATURE_MAPS:
+      raise ValueError(f'feature_map must be one of {features.ATTENTION_FEATURE_MAPS}, '
+                       f'got {self.feature_map!r}.')
+    if self.width % self.num_heads:
+      raise ValueError(f'width must be divisible by num_heads={self.num_heads}, '
+                       f'got {self.width}.')
+    if length > self.max_len:
+      raise ValueError(f'tokens length must be <= max_len={self.max_len}, got {length}.')
+
+  def attention_factory(self) -> Callable[..., nn.Module]:
+    """The causal attention of every block, as ``factory(name=...)``."""
+    if self.attention == 'softmax':
+      return functools.partial(CausalSoftmaxAttention, self.num_heads)
+    return functools.partial(models.KernelAttention, num_heads=self.num_heads,
+                             feature_map=self.feature_map, num_features=self.num_features,
+                             qk_mode='projected', causal=True)
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    if tokens.ndim != 2:
+      raise ValueError(f'tokens must have shape [B, L], got {tuple(tokens.shape)}.')
+    self.check(tokens.shape[1])
+    models.check_mask(mask, tokens.shape)
+    length = tokens.shape[1]
+    x = nn.Embed(self.vocab_size, self.width, name='embed')(tokens)
+    pos = self.param('pos_embed', nn.initializers.normal(0.02), (self.max_len, self.width))
+    x = x + pos[None, :length]
+    factory = self.attention_factory()
+    for i in range(self.num_layers):
+      x = Block(factory, self.mlp_ratio * self.width, name=f'block_{i}')(x, mask)
+    x = nn.LayerNorm(name='ln_final')(x)
+    return nn.Dense(self.vocab_size, name='head')(x)
+
+
+def mqar_loss_and_accuracy(logits: jax.Array, targets: jax.Array, answer_mask: jax.Array):
+  r"""Mean cross-entropy and accuracy over answer positions only.
+
+  ``logits: [B, L, V]``, ``targets: [B, L]`` int, ``answer_mask: [B, L]`` bool. With
+  n = Σ mask: loss = Σ_mask (logsumexp(logits) − logits[target]) / max(n, 1),
+  accuracy = Σ_mask [argmax logits = target] / max(n, 1); both 0 for an empty mask.
+  """
+  if logits.shape[:2] != targets.shape or targets.shape != answer_mask.shape:
+    raise ValueError(f'logits [B, L, V], targets and answer_mask [B, L] must agree, got '
+                     f'{tuple(logits.shape)}, {tuple(targets.shape)}, '
+                     f'{tuple(answer_mask.shape)}.')
+  m = answer_mask.astype(jnp.float32)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+  hit = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(m), 1.0)
+  return jnp.sum(jnp.where(answer_mask, ce, 0.0)) / n, jnp.sum(hit * m) / n
+
+
+def make_state(key: jax.Array, model: CausalLM, seq_len: int, *, learning_rate: float = 1e-3,
+               weight_decay: float = 0.1) -> train_state.TrainState:
+  """Initialised params and an adamw ``TrainState`` (every parameter is trained)."""
+  _checks.check_positive('learning_rate', learning_rate)
+  _checks.check_nonnegative('weight_decay', weight_decay)
+  params = model.init(key, jnp.zeros((1, seq_len), jnp.int32))['params']
+  tx = optax.adamw(learning_rate, weight_decay=weight_decay)
+  return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+
+def _metrics(params, apply_fn, batch):
+  logits = apply_fn({'params': params}, batch.inputs)
+  loss, acc = mqar_loss_and_accuracy(logits, batch.targets, batch.answer_mask)
+  return loss, acc
+
+
+@jax.jit
+def train_step(state: train_state.TrainState, batch):
+  """One adamw step on an ``mqar.MQARBatch`` → ``(state, {'loss', 'accuracy'})``."""
+  grad_fn = jax.value_and_grad(_metrics, has_aux=True)
+  (loss, acc), grads = grad_fn(state.params, state.apply_fn, batch)
+  return state.apply_gradients(grads=grads), {'loss': loss, 'accuracy': acc}
+
+
+@functools.partial(jax.jit, static_argnames='model')
+def evaluate(params, batch, model: CausalLM):
+  """``{'loss', 'accuracy'}`` of ``model`` with ``params`` on an ``MQARBatch`` (answers only)."""
+  loss, acc = _metrics(params, model.apply, batch)
+  return {'loss': loss, 'accuracy': acc}
