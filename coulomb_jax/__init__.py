@@ -23,8 +23,10 @@ from coulomb_jax import alignment
 from coulomb_jax import attention
 from coulomb_jax import diagnostics
 from coulomb_jax import features
+from coulomb_jax import flax_attention
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
+from coulomb_jax import mimicry
 from coulomb_jax import parallel
 from coulomb_jax import repulsion
 from coulomb_jax import synthetic
@@ -35,6 +37,12 @@ from coulomb_jax.features import (FEATURE_MAPS, get_feature_map, sample_gaussian
 from coulomb_jax.hamiltonian import hamiltonian_terms, particle_potentials
 from coulomb_jax.langevin import (LangevinHistory, gibbs_resample, langevin_step,
                                   langevin_transform, run_langevin)
+# Softmax mimicry (Hedgehog's target) and the flax attention_fn drop-in; neither imports flax.
+from coulomb_jax.flax_attention import kernel_attention_fn
+from coulomb_jax.mimicry import (attention_cross_entropy, attention_kl, gradient_flow, hedgehog,
+                                 linear_attention_weights, mimicry_hamiltonian,
+                                 mimicry_hamiltonian_terms, softmax_attention_weights,
+                                 softmax_kernel_alignment, train_hedgehog)
 from coulomb_jax.parallel import langevin_step_on_mesh, sharded_langevin_step
 from coulomb_jax.repulsion import DEFAULT_SOFTENING, riesz_energy
 

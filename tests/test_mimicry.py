@@ -101,11 +101,11 @@ def test_hamiltonian_grad_matches_finite_differences(target):
   q, k, w = _qkw()
   with jax.enable_x64(True):
     q, k, w = (jnp.asarray(a, jnp.float64) for a in (q, k, 0.5 * w))
-    f = lambda om: mm.mimicry_hamiltonian(om, q, k, feature_map='favor', lam=0.3, s=1.0,
-                                          target=target)
+    f = jax.jit(lambda om: mm.mimicry_hamiltonian(om, q, k, feature_map='favor', lam=0.3,
+                                                  s=1.0, target=target))
     test_util.check_grads(f, (w,), order=1, modes=['rev'], atol=1e-5, rtol=1e-5)
     if target == 'cross_entropy':
-      g = lambda om: mm.mimicry_hamiltonian(om, q, k, feature_map='hedgehog', lam=0.0)
+      g = jax.jit(lambda om: mm.mimicry_hamiltonian(om, q, k, feature_map='hedgehog', lam=0.0))
       test_util.check_grads(g, (0.3 * w,), order=1, modes=['rev'], atol=1e-5, rtol=1e-5)
 
 
@@ -114,16 +114,26 @@ def test_padded_keys_change_nothing():
   junk = jnp.array([[jnp.nan, 1e4, -3.0, 0.0], [50.0, 50.0, 50.0, 50.0]])
   kp = jnp.concatenate([k[:2], junk[:1], k[2:], junk[1:]])
   mask = jnp.array([True, True, False, True, True, True, False])
-  for target in mm.TARGETS:
-    f = lambda om, a, b, m: mm.mimicry_hamiltonian(om, a, b, feature_map='favor', lam=0.2,
-                                                   target=target, key_mask=m)
-    val, grads = jax.value_and_grad(f, argnums=(0, 1, 2))(w, q, k, None)
-    val_p, grads_p = jax.value_and_grad(f, argnums=(0, 1, 2))(w, q, kp, mask)
+
+  @jax.jit
+  def values_and_grads(om, a, b, m):
+    out = []
+    for target in mm.TARGETS:
+      f = lambda om, a, b, target=target: mm.mimicry_hamiltonian(
+          om, a, b, feature_map='favor', lam=0.2, target=target, key_mask=m)
+      out.append(jax.value_and_grad(f, argnums=(0, 1, 2))(om, a, b))
+    return out
+
+  for (val, grads), (val_p, grads_p) in zip(values_and_grads(w, q, k, jnp.ones(L, bool)),
+                                            values_and_grads(w, q, kp, mask)):
     np.testing.assert_allclose(val_p, val, rtol=1e-6)
     np.testing.assert_allclose(grads_p[0], grads[0], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(grads_p[1], grads[1], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(grads_p[2][mask], grads[2], rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(grads_p[2][~mask], 0.0)
+  # Without a mask (the None path) the values agree too.
+  np.testing.assert_allclose(mm.attention_kl(q, kp, w, key_mask=mask), mm.attention_kl(q, k, w),
+                             rtol=1e-6)
   a = mm.softmax_attention_weights(q, kp, mask)
   np.testing.assert_allclose(a[:, mask], mm.softmax_attention_weights(q, k), rtol=1e-6)
   np.testing.assert_array_equal(a[:, ~mask], 0.0)
@@ -264,3 +274,10 @@ def test_bad_inputs_raise_naming_the_argument():
     mm.gradient_flow(w, q, k, steps=2, step_size=0.0)
   with pytest.raises(ValueError, match='eps'):
     mm.linear_attention_weights(q, k, eps=0.0)
+
+
+def test_package_import_keeps_flax_out():
+  import subprocess, sys                          # pylint: disable=g-import-not-at-top
+  code = ('import sys, coulomb_jax as cj; assert cj.kernel_attention_fn and cj.attention_kl; '
+          'assert "flax" not in sys.modules')
+  subprocess.run([sys.executable, '-c', code], check=True, timeout=120)
