@@ -50,13 +50,20 @@ def _np_reference(q, k, w, name):
 def test_losses_match_numpy_float64(name):
   q, k, w = _qkw()
   a_soft, a_lin, ce, kl, align = _np_reference(q, k, w, name)
-  np.testing.assert_allclose(mm.softmax_attention_weights(q, k), a_soft, rtol=1e-5, atol=1e-7)
   phi = mm.hedgehog if name == 'hedgehog' else cj.features.favor
-  lin = mm.linear_attention_weights(phi(q * D ** -0.25, w), phi(k * D ** -0.25, w, False))
-  np.testing.assert_allclose(lin, a_lin, rtol=1e-5, atol=1e-7)
-  np.testing.assert_allclose(mm.attention_cross_entropy(q, k, w, name), ce, rtol=1e-5)
-  np.testing.assert_allclose(mm.attention_kl(q, k, w, name), kl, rtol=1e-4, atol=1e-6)
-  np.testing.assert_allclose(mm.softmax_kernel_alignment(q, k, w, name), align, rtol=1e-5)
+
+  @jax.jit
+  def outputs(q, k, w):
+    lin = mm.linear_attention_weights(phi(q * D ** -0.25, w), phi(k * D ** -0.25, w, False))
+    return (mm.softmax_attention_weights(q, k), lin, mm.attention_cross_entropy(q, k, w, name),
+            mm.attention_kl(q, k, w, name), mm.softmax_kernel_alignment(q, k, w, name))
+
+  got = outputs(q, k, w)
+  np.testing.assert_allclose(got[0], a_soft, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(got[1], a_lin, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(got[2], ce, rtol=1e-5)
+  np.testing.assert_allclose(got[3], kl, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(got[4], align, rtol=1e-5)
 
 
 def test_losses_stable_at_large_scale():
@@ -74,10 +81,11 @@ def test_losses_stable_at_large_scale():
 def test_leading_axes_equal_vmap():
   q, k, w = _qkw()
   qb, kb = jnp.stack([q, 2 * q]), jnp.stack([k, -k])
-  per_row = jax.vmap(lambda a, b: mm.attention_kl(a, b, w))(qb, kb)
-  np.testing.assert_allclose(mm.attention_kl(qb, kb, w), jnp.mean(per_row), rtol=1e-6)
-  np.testing.assert_allclose(mm.softmax_attention_weights(qb, kb)[1],
-                             mm.softmax_attention_weights(2 * q, -k), rtol=1e-6)
+  batched, per_row, weights = jax.jit(lambda a, b: (
+      mm.attention_kl(a, b, w), jax.vmap(lambda x, y: mm.attention_kl(x, y, w))(a, b),
+      jax.vmap(mm.softmax_attention_weights)(a, b)))(qb, kb)
+  np.testing.assert_allclose(batched, jnp.mean(per_row), rtol=1e-6)
+  np.testing.assert_allclose(mm.softmax_attention_weights(qb, kb), weights, rtol=1e-6)
 
 
 def test_kl_nonnegative_and_zero_when_equal():
@@ -184,7 +192,7 @@ def kernel_setup():
   x = jax.random.normal(jax.random.key(5), (B, T, E))
   ka = models.KernelAttention(num_heads=H, feature_map='favor', num_features=M,
                               qk_mode='projected')
-  params = ka.init(jax.random.key(6), x, _TOKENS)['params']
+  params = jax.jit(ka.init)(jax.random.key(6), x, _TOKENS)['params']
   mha_params = {n: params[n] for n in ('query', 'key', 'value', 'out')}
   return x, ka, params, mha_params
 
@@ -231,8 +239,9 @@ def test_kernel_attention_fn_masks_like_softmax(kernel_setup):
 def test_kernel_attention_fn_hedgehog_bf16_and_refusals(kernel_setup):
   x, _, params, mha_params = kernel_setup
   w = jax.random.normal(jax.random.key(7), (H, 3, E // H))
-  out = _mha(w, dtype=jnp.bfloat16).apply({'params': mha_params}, x.astype(jnp.bfloat16),
-                                          mask=nn.make_attention_mask(_TOKENS, _TOKENS))
+  out = jax.jit(_mha(w, dtype=jnp.bfloat16).apply)(
+      {'params': mha_params}, x.astype(jnp.bfloat16),
+      mask=nn.make_attention_mask(_TOKENS, _TOKENS))
   assert out.dtype == jnp.bfloat16 and np.all(np.isfinite(np.asarray(out, np.float32)))
   fn = fa.kernel_attention_fn(w, 'hedgehog')
   qkv = jax.random.normal(jax.random.key(8), (B, T, H, E // H)).astype(jnp.bfloat16)
