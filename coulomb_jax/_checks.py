@@ -105,12 +105,30 @@ def check_same_last_dim(name_a: str, a: Any, name_b: str, b: Any) -> None:
 
 
 def check_labels(phi_name: str, phi: Any, y_name: str, y: Any) -> None:
-  """``y: [n]`` with the same ``n`` as the leading axis of ``phi``."""
+  """``y: [n]`` real labels with the same ``n`` as the leading axis of ``phi``.
+
+  Numbers only (strings and booleans refused), finite, and, when concrete, a labelling
+  with exactly two integer values must be ±1: the alignment's y_i·y_j counts a pair of
+  classes {0, 1} or {3, 7} differently from ±1 without any error, so such labels are
+  refused with the mapping to use (``2·y − 1``). Real-valued targets pass (the
+  U-statistic is defined for them): only two integer values other than ±1 are refused."""
   check_rank(y_name, y, 1)
   if np.shape(y)[0] != np.shape(phi)[0]:
     raise ValueError(
         f'{y_name} has {np.shape(y)[0]} labels but {phi_name} has '
         f'{np.shape(phi)[0]} samples (shapes {np.shape(y)} and {np.shape(phi)}).')
+  dtype = np.dtype(getattr(y, 'dtype', None) or np.asarray(y).dtype)
+  if dtype == np.bool_ or not (jnp.issubdtype(dtype, jnp.integer)
+                               or jnp.issubdtype(dtype, jnp.inexact)):
+    raise ValueError(f'{y_name} must hold numbers (±1 for two classes), got dtype {dtype}.')
+  check_finite(y_name, y)
+  if is_concrete(y):
+    values = np.unique(np.asarray(y).astype(np.float64))
+    if (values.size == 2 and np.array_equal(values, np.round(values))
+        and not np.array_equal(values, [-1.0, 1.0])):
+      raise ValueError(
+          f'{y_name}: two-class labels must be ±1, got values {values.tolist()}; map '
+          f'them first (for {{0, 1}}: 2·{y_name} − 1).')
 
 
 def check_int(name: str, value: Any, low: int, high: Optional[int] = None) -> int:

@@ -24,7 +24,8 @@ def target_alignment(phi: jax.Array, y: jax.Array) -> jax.Array:
 
   Args:
     phi: ``[n, F]`` features of n ≥ 2 samples.
-    y: ``[n]`` labels; any real values (±1 for classification).
+    y: ``[n]`` labels: ±1 for two classes (other two-valued labellings such as {0, 1}
+      are refused, not mapped), or real-valued targets; finite.
   """
   _checks.check_rank('phi', phi, 2)
   _checks.check_labels('phi', phi, 'y', y)

@@ -151,6 +151,9 @@ def check_fused_inputs(q, k, v, omega, key_mask, feature_map, maps) -> None:
     raise ValueError(f'q, k must be [B, L, H, d] and v [B, L, H, D] with the same [B, L, H], '
                      f'got {q.shape}, {k.shape} and {v.shape}.')
   b, length, h, dim = q.shape
+  if length == 0 or omega.shape[1] == 0:
+    raise ValueError(f'q and omega must hold at least one position and one particle (L >= 1, '
+                     f'M >= 1), got q {q.shape} and omega {omega.shape}.')
   if omega.shape[0] != h or omega.shape[2] != dim:
     raise ValueError(f'omega must be [H, M, d] = [{h}, M, {dim}], got {omega.shape}.')
   if feature_map not in maps:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from coulomb_jax import alignment
 from coulomb_jax import attention
 from coulomb_jax import data
 from coulomb_jax import features
@@ -312,6 +313,24 @@ CASES = [
      ValueError, r'^batch_size must be an integer >= 1, got 0\.$'),
     ('vocab_size', lambda t: data.train_tokenizer(['a b'], 3),
      ValueError, r'^vocab_size must be an integer >= 6, got 3\.$'),
+    ('fused length 0', lambda t: attention.fused_linear_attention(
+        Q[:, :0], Q[:, :0], V[:, :0], OMEGA_H),
+     ValueError, r'^q and omega must hold at least one position and one particle \(L >= 1, '
+                 r'M >= 1\), got q \(2, 0, 1, 3\)'),
+    ('causal length 0', lambda t: attention.fused_causal_linear_attention(
+        Q[:, :0], Q[:, :0], V[:, :0], OMEGA_H),
+     ValueError, r'^q and omega must hold at least one position .* got q \(2, 0, 1, 3\)'),
+    ('labels 0/1', lambda t: alignment.target_alignment(X, (Y > 0).astype(jnp.float32)),
+     ValueError, r'^y: two-class labels must be ±1, got values \[0\.0, 1\.0\]; map them'),
+    ('labels 3/7', lambda t: hamiltonian.hamiltonian(W, X, jnp.where(Y > 0, 7, 3),
+                                                      feature_map='rff', lam=0.5),
+     ValueError, r'^y: two-class labels must be ±1, got values \[3\.0, 7\.0\]'),
+    ('labels NaN', lambda t: alignment.target_alignment(X, Y.at[2].set(jnp.nan)),
+     ValueError, r'^y must be finite, got nan at index \(2,\)'),
+    ('labels strings', lambda t: alignment.target_alignment(X, np.array(['a', 'b'] * 3)),
+     ValueError, r'^y must hold numbers \(±1 for two classes\), got dtype <U1\.$'),
+    ('labels bool', lambda t: alignment.target_alignment(X, np.asarray(Y) > 0),
+     ValueError, r'^y must hold numbers \(±1 for two classes\), got dtype bool\.$'),
 ]
 
 
