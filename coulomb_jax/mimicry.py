@@ -30,7 +30,8 @@ compute, so they change neither outputs nor gradients, NaN included.
 ``softmaxfeat``): M particles ``[M, d]`` → M features. ``hedgehog`` and
 ``softmaxfeat``: M rows ``[M, d]`` → 2M features; at equal N use M = N/2.
 
-The flax drop-in ``kernel_attention_fn`` imports nothing from flax.
+The flax drop-in built on these maps is ``flax_attention.kernel_attention_fn``;
+neither module imports flax.
 """
 
 import math

@@ -117,6 +117,17 @@ def test_hamiltonian_grad_matches_finite_differences(target):
       test_util.check_grads(g, (0.3 * w,), order=1, modes=['rev'], atol=1e-5, rtol=1e-5)
 
 
+def test_hamiltonian_terms_are_data_plus_lam_repulsion():
+  q, k, w = _qkw()
+  data, rep = mm.mimicry_hamiltonian_terms(w, q, k, feature_map='favor', lam=0.7, s=1.0,
+                                           target='kl')
+  np.testing.assert_allclose(data, mm.attention_kl(q, k, w), rtol=1e-6)
+  np.testing.assert_allclose(rep, cj.riesz_energy(w, 1.0), rtol=1e-6)
+  np.testing.assert_allclose(mm.mimicry_hamiltonian(w, q, k, feature_map='favor', lam=0.7,
+                                                    s=1.0, target='kl'), data + 0.7 * rep,
+                             rtol=1e-6)
+
+
 def test_padded_keys_change_nothing():
   q, k, w = _qkw()
   junk = jnp.array([[jnp.nan, 1e4, -3.0, 0.0], [50.0, 50.0, 50.0, 50.0]])
