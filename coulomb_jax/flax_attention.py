@@ -63,13 +63,20 @@ def _key_mask(mask, b, h, lq, lk):
   except ValueError:
     raise ValueError(f'mask of shape {np.shape(mask)} does not broadcast to [B, H, L_q, L_k] '
                      f'= {(b, h, lq, lk)}.') from None
-  keys = jnp.any(m, axis=(1, 2))                                   # [B, L_k]
-  rows = jnp.any(m, axis=3)                                        # [B, H, L_q]
-  ok = jnp.all(m == (rows[..., None] & keys[:, None, None, :]))
-  if _checks.is_concrete(mask) and not bool(ok):
-    raise ValueError('mask: kernel attention honours only padding masks '
-                     '(mask[b, h, i, j] = query_i & key_j), got another pattern.')
-  return keys, ok
+  if _checks.is_concrete(mask):        # numpy: also when a concrete mask is closed over by jit
+    keys, ok = _padding(np.broadcast_to(np.asarray(mask, bool), (b, h, lq, lk)), np)
+    if not ok:
+      raise ValueError('mask: kernel attention honours only padding masks '
+                       '(mask[b, h, i, j] = query_i & key_j), got another pattern.')
+    return jnp.asarray(keys), jnp.array(True)
+  return _padding(m, jnp)
+
+
+def _padding(m, xp):
+  """(keys ``[B, L_k]`` some query attends, whether m = rows ⊗ keys) of m ``[B, H, L_q, L_k]``."""
+  keys = xp.any(m, axis=(1, 2))
+  rows = xp.any(m, axis=3)
+  return keys, xp.all(m == (rows[..., None] & keys[:, None, None, :]))
 
 
 def kernel_attention_fn(omega: jax.Array, feature_map: str = 'favor', *,

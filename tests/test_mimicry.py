@@ -301,3 +301,13 @@ def test_package_import_keeps_flax_out():
   code = ('import sys, coulomb_jax as cj; assert cj.kernel_attention_fn and cj.attention_kl; '
           'assert "flax" not in sys.modules')
   subprocess.run([sys.executable, '-c', code], check=True, timeout=120)
+
+
+def test_kernel_attention_fn_gradient_reaches_the_particles(kernel_setup):
+  x, _, params, mha_params = kernel_setup
+  mask = nn.make_attention_mask(_TOKENS, _TOKENS)
+  loss = lambda om, p: jnp.sum(_mha(om).apply({'params': p}, x, mask=mask)[0, :4] ** 2)
+  g_om, g_p = jax.jit(jax.grad(loss, argnums=(0, 1)))(params['particles'], mha_params)
+  assert g_om.shape == params['particles'].shape
+  assert np.all(np.isfinite(g_om)) and float(jnp.abs(g_om).max()) > 0
+  assert all(np.all(np.isfinite(a)) for a in jax.tree.leaves(g_p))
