@@ -75,6 +75,19 @@ def check_finite(name: str, x: Any) -> None:
         f'{bad.size} entries NaN or inf, shape {a.shape}).')
 
 
+def check_key(name: str, key: Any) -> None:
+  """A JAX PRNG key: a typed key (``jax.random.key``) or a raw ``uint32[2]`` one
+  (``jax.random.PRNGKey``); one TypeError naming ``name`` and the value otherwise
+  (instead of jax's "invalid PRNG key data" from inside the call)."""
+  dtype = getattr(key, 'dtype', None)
+  if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    return
+  if dtype is not None and np.dtype(dtype) == np.uint32 and np.shape(key)[-1:] == (2,):
+    return
+  raise TypeError(f'{name} must be a JAX PRNG key (jax.random.key(seed)), got {key!r} '
+                  f'({type(key).__name__}).')
+
+
 def check_rank(name: str, x: Any, rank: int) -> None:
   if np.ndim(x) != rank:
     raise ValueError(

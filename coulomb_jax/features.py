@@ -409,7 +409,8 @@ def is_separable(feature_map: Union[str, FeatureMap]) -> bool:
   return bool(getattr(fn, 'separable', False))
 
 
-def _check_sizes(num_particles: int, dim: int) -> None:
+def _check_sizes(num_particles: int, dim: int, key) -> None:
+  _checks.check_key('key', key)
   _checks.check_int('num_particles', num_particles, 1)
   _checks.check_int('dim', dim, 1)
 
@@ -417,7 +418,7 @@ def _check_sizes(num_particles: int, dim: int) -> None:
 def sample_gaussian(key: jax.Array, num_particles: int, dim: int,
                     dtype=jnp.float32) -> jax.Array:
   """I.i.d. particles ω_k ~ N(0, I_d): ``[num_particles, dim]``."""
-  _check_sizes(num_particles, dim)
+  _check_sizes(num_particles, dim, key)
   return jax.random.normal(key, (num_particles, dim), dtype)
 
 
@@ -431,7 +432,7 @@ def sample_orthogonal(key: jax.Array, num_particles: int, dim: int,
   degrees of freedom), so each row is marginally N(0, I_d) while rows within a
   block are exactly orthogonal.
   """
-  _check_sizes(num_particles, dim)
+  _check_sizes(num_particles, dim, key)
   num_blocks = -(-num_particles // dim)
   block_key, norm_key = jax.random.split(key)
 

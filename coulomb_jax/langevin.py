@@ -177,6 +177,7 @@ def langevin_step(key: jax.Array, omega: jax.Array, grad: jax.Array, *,
     radius: R > 0 of the per-particle ball (``math.inf``: no projection).
     clip_norm: if set, ``grad`` is first rescaled to global norm ≤ clip_norm.
   """
+  _checks.check_key('key', key)
   _checks.check_min_rank('omega', omega, 2)
   if grad.shape != omega.shape:
     raise ValueError(f'grad must have the shape of omega {omega.shape}, got {grad.shape}.')
@@ -245,6 +246,7 @@ def run_langevin(
     particles come back in its floating dtype (rounded into the ball once, at
     the end) or as float32 for integer ``omega``.
   """
+  _checks.check_key('key', key)
   hamiltonian_lib._check_data(omega, x, y)
   n = x.shape[0]
   if n < 2:
@@ -330,6 +332,7 @@ def gibbs_resample(
   Returns:
     ``(samples [D, d], indices [D])``.
   """
+  _checks.check_key('key', key)
   _checks.check_positive('beta', beta)
   _checks.check_nonnegative('lam', lam)
   num_samples = _checks.check_int('num_samples', num_samples, 1)

@@ -320,6 +320,12 @@ CASES = [
     ('causal length 0', lambda t: attention.fused_causal_linear_attention(
         Q[:, :0], Q[:, :0], V[:, :0], OMEGA_H),
      ValueError, r'^q and omega must hold at least one position .* got q \(2, 0, 1, 3\)'),
+    ('langevin key int', lambda t: langevin.langevin_step(0, W, W, **STEP),
+     TypeError, r'^key must be a JAX PRNG key \(jax\.random\.key\(seed\)\), got 0 \(int\)\.$'),
+    ('run_langevin key str', lambda t: langevin.run_langevin('a', W, X, Y, **RUN),
+     TypeError, r"^key must be a JAX PRNG key .*, got 'a' \(str\)\.$"),
+    ('sample_gaussian key None', lambda t: features.sample_gaussian(None, 4, 3),
+     TypeError, r'^key must be a JAX PRNG key .*, got None \(NoneType\)\.$'),
     ('labels 0/1', lambda t: alignment.target_alignment(X, (Y > 0).astype(jnp.float32)),
      ValueError, r'^y: two-class labels must be ±1, got values \[0\.0, 1\.0\]; map them'),
     ('labels 3/7', lambda t: hamiltonian.hamiltonian(W, X, jnp.where(Y > 0, 7, 3),
