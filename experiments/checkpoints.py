@@ -79,6 +79,27 @@ def check_data(ckpt, target, where: str):
         'trained on.')
 
 
+def check_finite(ckpt, where: str, parts=('params', 'best_params', 'stage_start')):
+  """One ``cli.ConfigError`` if a floating leaf of ``ckpt[part]`` holds NaN or ±inf,
+  naming the first such leaf (e.g. ``params/encoder_0/attention/particles``) and where it
+  came from: a restored run stops before its first step, not at validation."""
+  for part in parts:
+    if part not in ckpt:
+      continue
+    for path, leaf in jax.tree_util.tree_flatten_with_path(ckpt[part])[0]:
+      a = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
+      if not np.issubdtype(a.dtype, np.inexact):
+        continue
+      bad = ~np.isfinite(a.astype(np.float32))
+      if bad.any():
+        name = '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path)
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise cli.ConfigError(
+            f'{where}: {part}/{name} holds {int(bad.sum())} non-finite value(s) (first '
+            f'{a[first]} at index {first}); the checkpoint is damaged: use an earlier one or a '
+            f'new workdir.')
+
+
 def save(manager, ckpt, sharder=None):
   """Saves ``ckpt`` (all processes call it; with several, every leaf made a global array)."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
@@ -122,6 +143,7 @@ def restore(manager, target, sharder=None):
                       'unreadable one is moved to %s.', manager.directory, '; '.join(failures),
                       step, aside)
     check_data(ckpt, target, f'checkpoint step {step} in {manager.directory}')
+    check_finite(ckpt, f'checkpoint step {step} in {manager.directory}')
     return ckpt
   raise cli.ConfigError(
       f'{manager.directory}: no readable checkpoint ({"; ".join(failures)}); if they were '
@@ -193,6 +215,7 @@ def restore_prefix(config, workdir, target, sharder=None):
   abstract = (sharder or sharding.Sharder()).abstract(target)
   restored = ocp.StandardCheckpointer().restore(path, abstract)
   check_data(restored, target, f'config.run.prefix_from: {path}')
+  check_finite(restored, f'config.run.prefix_from: {path}')
   with open(os.path.join(source, 'history.jsonl')) as f:
     lines = [line for line in f if line.strip()]
   t = int(restored['step_a']) + int(restored['step_b'])
