@@ -359,7 +359,10 @@ def porf_softplus(x: jax.Array, omega: jax.Array) -> jax.Array:
   ψ_k(x) = softplus(s_k − ‖x‖²/2); φ = ψ / √N: the FAVOR+ exponent passed
   through softplus instead of exp. It behaves like FAVOR+ where the exponent is
   very negative (softplus(z) ≈ eᶻ) and grows only linearly where it is large,
-  so it needs no stabiliser. "Orthogonal" refers to the draw: initialise its
+  so it cannot overflow; where the exponent is very negative its features
+  underflow as FAVOR+'s do, so attention uses its log-space form
+  (``attention_log_psi``, ``attention_pair``) with the same shifts as favor, and
+  this direct form is for moderate inputs. "Orthogonal" refers to the draw: initialise its
   particles with ``sample_orthogonal``.
   """
   x, s = _projection(x, omega)

@@ -260,8 +260,10 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str, meta: dict, *,
   ckpt = sharder.replicate(ckpt)
   run_folder.truncate_history(workdir, int(ckpt['step_a']) + int(ckpt['step_b']))
   if int(ckpt['stage']) or int(ckpt['stage_step']) or int(ckpt['step_b']):
-    logging.info('Resumed from %s: stage %d/%d, step %d of it.', manager.directory,
-                 int(ckpt['stage']) + 1, len(stage_list), int(ckpt['stage_step']))
+    logging.info('Resumed from %s: stage %d/%d, %d steps into it (%d Phase A and %d Phase B '
+                 'steps done in all).', manager.directory, int(ckpt['stage']) + 1,
+                 len(stage_list), int(ckpt['stage_step']), int(ckpt['step_a']),
+                 int(ckpt['step_b']))
   chief = jax.process_index() == 0
   kind = run_kind(config, params)
   total_a = sum(spe_a * s.num_epochs for s in stage_list if s.phase == 'a') if kind == 'kernel' else 0
