@@ -88,6 +88,25 @@ def check_key(name: str, key: Any) -> None:
                   f'({type(key).__name__}).')
 
 
+def check_ids(name: str, ids: Any, high: int, where: Any = None) -> None:
+  """Integer ids with 0 <= id < ``high``; when concrete, checked at the positions
+  where ``where`` (a bool mask of the same shape, or None = all) is True, naming the
+  first bad value and its index. Float ids are a ValueError, not flax's own error."""
+  dtype = np.dtype(getattr(ids, 'dtype', None) or np.asarray(ids).dtype)
+  if dtype == np.bool_ or not jnp.issubdtype(dtype, jnp.integer):
+    raise ValueError(f'{name} must be integers, got dtype {dtype}.')
+  if not is_concrete(ids) or (where is not None and not is_concrete(where)):
+    return
+  a = np.asarray(ids)
+  bad = (a < 0) | (a >= high)
+  if where is not None:
+    bad &= np.asarray(where, bool)
+  if bad.any():
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise ValueError(f'{name} must lie in [0, {high}), got {int(a[first])} at index {first} '
+                     f'({int(bad.sum())} such entries).')
+
+
 def check_rank(name: str, x: Any, rank: int) -> None:
   if np.ndim(x) != rank:
     raise ValueError(

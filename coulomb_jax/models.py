@@ -221,7 +221,10 @@ class EncoderClassifier(nn.Module):
   the Vanilla-X / Kernel-X models, and Performer with ``feature_map="favor"``,
   ``qk_mode="projected"``, ``orthogonal=True``), ``"softmax"`` or ``"linformer"``.
   Call with ``ids, segments: [B, L]`` int and ``mask: [B, L]`` bool (True = real
-  token); returns ``[B, num_classes]`` float32 logits. Padding changes neither.
+  token); returns ``[B, num_classes]`` float32 logits. Padding changes neither: padded
+  slots may hold any integer (they are embedded as id 0). Eager calls check that real
+  ids lie in [0, vocab_size) and segments in {0, 1} (one ValueError naming the value);
+  under jit out-of-range real ids are not checked.
   """
   vocab_size: int
   num_classes: int = 2
@@ -261,9 +264,13 @@ class EncoderClassifier(nn.Module):
       raise ValueError(f'segments must have the shape of ids {jnp.shape(ids)}, got '
                        f'{jnp.shape(segments)}.')
     check_mask(mask, ids.shape)
+    _checks.check_ids('ids', ids, self.vocab_size, mask)
+    _checks.check_ids('segments', segments, 2, mask)
     length = ids.shape[1]
     if length > self.max_length:
       raise ValueError(f'ids: length {length} exceeds max_length={self.max_length}.')
+    if mask is not None:           # padded slots may hold anything: they embed as id 0
+      ids, segments = jnp.where(mask, ids, 0), jnp.where(mask, segments, 0)
     embed_init = nn.initializers.normal(stddev=0.02)
     x = nn.Embed(self.vocab_size, self.width, embedding_init=embed_init, name='tokens')(ids)
     x = x + nn.Embed(2, self.width, embedding_init=embed_init, name='segments')(segments)

@@ -254,6 +254,14 @@ CASES = [
     ('encoder too long', lambda t: _encoder(ids=jnp.ones((1, 40), jnp.int32),
                                             segments=jnp.ones((1, 40), jnp.int32)),
      ValueError, r'^ids: length 40 exceeds max_length=32\.$'),
+    ('encoder id = vocab', lambda t: _encoder(ids=IDS.at[1, 3].set(10)),
+     ValueError, r'^ids must lie in \[0, 10\), got 10 at index \(1, 3\) \(1 such entries\)\.$'),
+    ('encoder negative id', lambda t: _encoder(ids=IDS.at[0, 0].set(-1)),
+     ValueError, r'^ids must lie in \[0, 10\), got -1 at index \(0, 0\)'),
+    ('encoder float ids', lambda t: _encoder(ids=IDS.astype(jnp.float32)),
+     ValueError, r'^ids must be integers, got dtype float32\.$'),
+    ('encoder segment 2', lambda t: _encoder(segments=IDS.at[0, 2].set(2)),
+     ValueError, r'^segments must lie in \[0, 2\), got 2 at index \(0, 2\)'),
     ('encoder attention kind', lambda t: _encoder(attention='bogus'),
      ValueError, r"^attention must be one of \('kernel', 'softmax', 'linformer'\), got 'bogus'"),
     ('kernel attention rff', lambda t: _kernel_attention(feature_map='rff'),
@@ -561,3 +569,15 @@ def test_unset_data_folder_names_where_it_looked(tmp_path, monkeypatch):
 def test_enough_cli_cases():
   assert len(CLI_CASES) >= 15
   assert len({c[0] for c in CLI_CASES}) == len(CLI_CASES)
+
+
+def test_padded_slots_may_hold_any_id():
+  """Padding changes nothing even when a padded slot holds id = vocab_size or segment 2."""
+  model = models.EncoderClassifier(vocab_size=10, max_length=32, width=8, num_heads=2,
+                                   ffn_dim=8, num_features=4)
+  mask = jnp.ones(IDS.shape, bool).at[:, 4:].set(False)
+  params = model.init(KEY, IDS, IDS, mask)
+  clean = model.apply(params, IDS, IDS, mask)
+  odd = model.apply(params, IDS.at[:, 4:].set(10), IDS.at[:, 4:].set(2), mask)
+  assert np.all(np.isfinite(np.asarray(odd)))
+  np.testing.assert_array_equal(np.asarray(odd), np.asarray(clean))
