@@ -169,9 +169,16 @@ def save_predictions(path: str, labels, probs) -> None:
 
 
 def load_predictions(path: str):
-  """``(labels, probs)`` of a ``predictions_test.npz``."""
-  with np.load(path) as z:
-    return np.asarray(z['labels'], np.int64), np.asarray(z['probs'], np.float64)
+  """``(labels, probs)`` of a ``predictions_test.npz``; a damaged file or one without
+  those arrays is one ``cli.ConfigError`` naming it."""
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      return np.asarray(z['labels'], np.int64), np.asarray(z['probs'], np.float64)
+  except (OSError, ValueError, KeyError, EOFError) as e:
+    if isinstance(e, FileNotFoundError):
+      raise
+    raise cli.ConfigError(f'{path}: not a readable predictions .npz with arrays labels and '
+                          f'probs ({type(e).__name__}: {e}).') from None
 
 
 def load_reference(tfidf_dir: Optional[str], dataset: str,

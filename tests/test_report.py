@@ -464,3 +464,18 @@ def test_a_corrupt_summary_is_named(grid, tmp_path):
     f.write('{"runs": [')
   with pytest.raises(ValueError, match=r'rotten_tomatoes.json: not valid JSON'):
     report.write_report(grid, out, docs, meta=META)
+
+
+def test_a_corrupt_predictions_file_is_named(tmp_path):
+  path = str(tmp_path / 'predictions_test.npz')
+  with open(path, 'wb') as f:
+    f.write(b'not an npz at all')
+  with pytest.raises(ValueError, match=r'predictions_test\.npz: not a readable predictions '
+                     r'\.npz with arrays labels and probs'):
+    report.load_predictions(path)
+  np.savez(path, other=np.zeros(3))
+  with pytest.raises(ValueError, match=r'predictions_test\.npz: not a readable'):
+    report.load_predictions(path)
+  report.save_predictions(path, [0, 1], [0.2, 0.9])
+  labels, probs = report.load_predictions(path)
+  assert labels.tolist() == [0, 1] and probs.tolist() == [0.2, 0.9]
