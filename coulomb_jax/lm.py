@@ -149,7 +149,7 @@ def make_state(key: jax.Array, model: CausalLM, seq_len: int, *, learning_rate: 
   """Initialised params and an adamw ``TrainState`` (every parameter is trained)."""
   _checks.check_positive('learning_rate', learning_rate)
   _checks.check_nonnegative('weight_decay', weight_decay)
-  params = model.init(key, jnp.zeros((1, seq_len), jnp.int32))['params']
+  params = jax.jit(model.init)(key, jnp.zeros((1, seq_len), jnp.int32))['params']
   tx = optax.adamw(learning_rate, weight_decay=weight_decay)
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 

@@ -76,7 +76,7 @@ def test_bad_arguments_raise_naming_them(kwargs, name):
 
 
 def tiny(attention, feature_map='favor'):
-  return lm.CausalLM(vocab_size=V, max_len=16, width=16, num_layers=2, num_heads=2,
+  return lm.CausalLM(vocab_size=V, max_len=16, width=16, num_layers=1, num_heads=2,
                      attention=attention, feature_map=feature_map, num_features=8,
                      mlp_ratio=2)
 
@@ -87,7 +87,7 @@ def test_causal_and_padding_changes_nothing_at_real_positions(attention, feature
   model = tiny(attention, feature_map)
   k1, k2, k3 = jax.random.split(jax.random.key(7), 3)
   tokens = jax.random.randint(k1, (2, 16), 1, V)
-  params = model.init(k2, tokens)['params']
+  params = jax.jit(model.init)(k2, tokens)['params']
   apply = jax.jit(lambda t, m: model.apply({'params': params}, t, m))
   full = jnp.ones((2, 16), bool)
   base = apply(tokens, full)
@@ -105,7 +105,8 @@ def test_causal_and_padding_changes_nothing_at_real_positions(attention, feature
 
 
 def test_kernel_model_has_particles_per_layer():
-  params = tiny('kernel').init(jax.random.key(0), jnp.zeros((1, 16), jnp.int32))['params']
+  tokens = jnp.zeros((1, 16), jnp.int32)
+  params = jax.eval_shape(tiny('kernel').init, jax.random.key(0), tokens)['params']
   assert params['block_0']['attn']['particles'].shape == (2, 8, 8)   # [H, M, D_h]
 
 
