@@ -157,3 +157,14 @@ def test_a_few_train_steps_lower_the_loss_softmax():
   assert float(before['loss']) > 3.8
   assert float(after['loss']) < float(before['loss']) - 0.5
   assert np.isfinite(float(metrics['loss']))
+
+
+def test_kernel_train_step_is_finite_and_moves_the_particles():
+  model = tiny('kernel', 'favor')
+  state = lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-2)
+  data = mqar.mqar_batch(jax.random.key(5), 4, vocab_size=V, seq_len=16, num_pairs=2)
+  new, metrics = lm.train_step(state, data)
+  assert np.isfinite(float(metrics['loss'])) and 0.0 <= float(metrics['accuracy']) <= 1.0
+  old_w = state.params['block_0']['attn']['particles']
+  new_w = new.params['block_0']['attn']['particles']
+  assert bool(jnp.all(jnp.isfinite(new_w))) and not np.allclose(old_w, new_w)
