@@ -3,7 +3,7 @@ entry points lower for ``cuda`` and ``tpu`` without a device
 (``jax.jit(f).trace(*args).lower(lowering_platforms=(p,))``; nothing is compiled).
 
 Not yet covered here: the sharded step on an abstract mesh, Phase A/B steps, predict,
-the causal LM, and the Pallas kernels for ``tpu`` (they do not lower there yet: they
+and the Pallas kernels for ``tpu`` (they do not lower there yet: they
 always pass Triton compiler parameters; see issue 26)."""
 
 import jax
@@ -13,6 +13,7 @@ import pytest
 import coulomb_jax as cj
 from coulomb_jax import attention
 from coulomb_jax import hamiltonian as hl
+from coulomb_jax import lm
 from coulomb_jax import mimicry
 from coulomb_jax import models
 from coulomb_jax import pallas_attention
@@ -33,6 +34,14 @@ def _encoder_grad():
   return jax.grad(lambda p: model.apply(p, ids, ids, mask).sum()), (params,)
 
 
+def _causal_lm_grad(attention):
+  model = lm.CausalLM(vocab_size=16, max_len=16, width=8, num_layers=1, num_heads=2,
+                      attention=attention, feature_map='favor', num_features=4)
+  tokens = jnp.ones((2, 16), jnp.int32)
+  params = model.init(jax.random.key(0), tokens)
+  return jax.grad(lambda p: model.apply(p, tokens).sum()), (params,)
+
+
 ENTRIES = {
     'rff': lambda: (lambda w: cj.features.rff(X, w), (W,)),
     'alignment': lambda: (lambda w: cj.target_alignment(cj.features.rff(X, w), Y), (W,)),
@@ -47,6 +56,8 @@ ENTRIES = {
     'mimicry_grad': lambda: (jax.grad(lambda w: mimicry.mimicry_hamiltonian(
         w, X, X, feature_map='favor', lam=0.1)), (W,)),
     'encoder_grad': _encoder_grad,
+    'causal_lm_softmax_grad': lambda: _causal_lm_grad('softmax'),
+    'causal_lm_kernel_grad': lambda: _causal_lm_grad('kernel'),
 }
 
 
