@@ -92,7 +92,7 @@ def check_ids(name: str, ids: Any, high: int, where: Any = None) -> None:
   """Integer ids with 0 <= id < ``high``; when concrete, checked at the positions
   where ``where`` (a bool mask of the same shape, or None = all) is True, naming the
   first bad value and its index. Float ids are a ValueError, not flax's own error."""
-  dtype = np.dtype(getattr(ids, 'dtype', None) or np.asarray(ids).dtype)
+  dtype = np.dtype(ids.dtype if hasattr(ids, 'dtype') else np.asarray(ids).dtype)
   if dtype == np.bool_ or not jnp.issubdtype(dtype, jnp.integer):
     raise ValueError(f'{name} must be integers, got dtype {dtype}.')
   if not is_concrete(ids) or (where is not None and not is_concrete(where)):
@@ -149,7 +149,7 @@ def check_labels(phi_name: str, phi: Any, y_name: str, y: Any) -> None:
     raise ValueError(
         f'{y_name} has {np.shape(y)[0]} labels but {phi_name} has '
         f'{np.shape(phi)[0]} samples (shapes {np.shape(y)} and {np.shape(phi)}).')
-  dtype = np.dtype(getattr(y, 'dtype', None) or np.asarray(y).dtype)
+  dtype = np.dtype(y.dtype if hasattr(y, 'dtype') else np.asarray(y).dtype)
   if dtype == np.bool_ or not (jnp.issubdtype(dtype, jnp.integer)
                                or jnp.issubdtype(dtype, jnp.inexact)):
     raise ValueError(f'{y_name} must hold numbers (±1 for two classes), got dtype {dtype}.')
