@@ -47,20 +47,6 @@ class Block(nn.Module):
     return x
 
 
-class CausalSoftmaxAttention(nn.Module):
-  """Causal softmax attention; ``mask: [B, L]`` (True for real tokens) hides padded keys."""
-  num_heads: int
-
-  @nn.compact
-  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
-    b, length = x.shape[:2]
-    attn_mask = nn.make_causal_mask(jnp.ones((b, length), bool))          # [B, 1, L, L]
-    if mask is not None:
-      attn_mask = nn.combine_masks(attn_mask, nn.make_attention_mask(mask, mask))
-    return nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name='mha')(
-        x, x, mask=attn_mask, deterministic=True)
-
-
 class CausalLM(nn.Module):
   """Causal LM: ``tokens: [B, L]`` int, ``mask: [B, L]`` bool or None → logits ``[B, L, V]``.
 
@@ -104,7 +90,7 @@ class CausalLM(nn.Module):
   def attention_factory(self) -> Callable[..., nn.Module]:
     """The causal attention of every block, as ``factory(name=...)``."""
     if self.attention == 'softmax':
-      return functools.partial(CausalSoftmaxAttention, self.num_heads)
+      return functools.partial(models.SoftmaxAttention, self.num_heads, causal=True)
     return functools.partial(models.KernelAttention, num_heads=self.num_heads,
                              feature_map=self.feature_map, num_features=self.num_features,
                              qk_mode='projected', causal=True)

@@ -187,13 +187,17 @@ class LinformerAttention(nn.Module):
 
 
 class SoftmaxAttention(nn.Module):
-  """Softmax attention (Vaswani et al.): flax's dot-product attention, keys masked."""
+  """Softmax attention (Vaswani et al.): flax's dot-product attention, padded keys
+  (``mask: [B, L]`` False) masked; ``causal=True`` also hides keys after each query."""
   num_heads: int
+  causal: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
     check_mask(mask, x.shape[:2])
     attn_mask = None if mask is None else nn.make_attention_mask(mask, mask)
+    if self.causal:
+      attn_mask = nn.combine_masks(nn.make_causal_mask(jnp.ones(x.shape[:2], bool)), attn_mask)
     return nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name='mha')(
         x, x, mask=attn_mask, deterministic=True)
 
