@@ -53,7 +53,7 @@ from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax import pallas_attention
 from benchmarks.timing import median_seconds, paired_ratio
-from experiments import provenance
+from experiments.common import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
 _LENGTHS = flags.DEFINE_list('lengths', ['512', '1024', '2048', '4096', '8192', '16384'],

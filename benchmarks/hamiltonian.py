@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import coulomb_jax as cj
 from coulomb_jax import hamiltonian as hl
 from benchmarks.timing import median_seconds
-from experiments import provenance
+from experiments.common import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
 _NS = flags.DEFINE_list('n', ['1000', '2000', '4000', '8000'], 'Numbers of samples.')

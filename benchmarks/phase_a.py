@@ -35,7 +35,7 @@ from benchmarks.timing import median_seconds
 from coulomb_jax import hamiltonian
 from coulomb_jax import models
 from coulomb_jax import training
-from experiments import provenance
+from experiments.common import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
 _NS = flags.DEFINE_list('n', ['64', '256', '1024', '4096'], 'Rows n of the objective.')

@@ -25,8 +25,8 @@ import numpy as np
 from absl import logging
 
 from coulomb_jax import training
-from experiments import cli
-from experiments import provenance
+from experiments.common import cli
+from experiments.common import provenance
 from experiments import run_folder
 from experiments import sharding
 from experiments import stages

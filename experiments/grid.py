@@ -5,7 +5,7 @@ r"""Runs a grid of ``experiments.train`` runs (datasets × variants × seeds), o
 
 or ``python path/to/experiments/grid.py ...`` from any folder (each run is
 ``experiments/train.py`` launched by path). A bad ``--dataset``, ``--variants`` or
-``--seeds`` ends in one line before any run starts (``experiments.cli``).
+``--seeds`` ends in one line before any run starts (``experiments.common.cli``).
 
 Each run goes to ``<workdir>/<dataset>/<variant>/seed<s>`` with its own log.
 Finished runs (``results.json`` present) are skipped and interrupted ones
@@ -38,7 +38,7 @@ from absl import flags
 from absl import logging
 
 from configs import text
-from experiments import cli
+from experiments.common import cli
 
 # Config files, relative to the repository root.
 DATASETS = {'sst2': 'configs/sst2.py', 'rotten_tomatoes': 'configs/rotten_tomatoes.py',

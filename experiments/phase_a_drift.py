@@ -46,7 +46,7 @@ from coulomb_jax import langevin
 from coulomb_jax import training
 from experiments import checkpoints
 from experiments import grid
-from experiments import provenance
+from experiments.common import provenance
 from experiments import stages
 from experiments import train
 

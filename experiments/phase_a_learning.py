@@ -38,8 +38,8 @@ from absl import flags
 import numpy as np
 
 from configs import text
-from experiments import cli
-from experiments import provenance
+from experiments.common import cli
+from experiments.common import provenance
 from experiments import report
 from experiments import report_figures
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from coulomb_jax import features
 from experiments import grid
-from experiments import provenance
+from experiments.common import provenance
 from experiments import stages
 from experiments import train
 

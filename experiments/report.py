@@ -62,9 +62,9 @@ if __name__ == '__main__' and not __package__:
 import numpy as np
 
 from configs import text
-from experiments import cli
-from experiments import progress as progress_lib
-from experiments import provenance
+from experiments.common import cli
+from experiments.common import progress as progress_lib
+from experiments.common import provenance
 from experiments import report_figures
 
 SPLIT_NAMES = {

@@ -29,8 +29,8 @@ import numpy as np
 from absl import logging
 
 from coulomb_jax import data
-from experiments import cli
-from experiments import provenance
+from experiments.common import cli
+from experiments.common import provenance
 from experiments import train_config
 
 RESULTS = 'results.json'

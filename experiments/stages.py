@@ -50,7 +50,7 @@ from coulomb_jax import langevin
 from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import metrics as metrics_lib
 from coulomb_jax import training
-from experiments import provenance
+from experiments.common import provenance
 
 STAGES_FILE = 'phase_a_stages.json'
 # Probe points (besides the particles) where the one-particle potential's range is read.
@@ -184,7 +184,7 @@ class Run:
   chief: bool = True
   stop_after_steps: Optional[int] = None
   save_prefix: Optional[Callable[[], None]] = None
-  progress: Any = None          # experiments.progress.Progress over all the run's steps
+  progress: Any = None          # experiments.common.progress.Progress over all the run's steps
   steps_this_call: int = 0
 
   def out_of_time(self) -> bool:

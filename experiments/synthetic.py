@@ -4,7 +4,7 @@ r"""The synthetic study: learned Coulomb particles against fixed and learned bas
 
 or, from any folder, ``python path/to/experiments/synthetic.py
 --config=path/to/configs/synthetic.py:quick --workdir=...``. A misspelled config
-field or variant ends in one line with the suggestion (``experiments.cli``).
+field or variant ends in one line with the suggestion (``experiments.common.cli``).
 
 For every noise level σ and seed it draws train / validation / test sets
 (``coulomb_jax.synthetic``) and evaluates:
@@ -28,7 +28,7 @@ validation split; the test split is only scored.
 Records are appended to ``records.jsonl`` (``experiments.synthetic_records``) as
 each (σ, seed) cell finishes, so a killed run resumes where it stopped; at the
 end ``results.json``, ``results.md`` and the figures are written by
-``experiments.synthetic_report``. Progress lines (``experiments.progress``) name
+``experiments.synthetic_report``. Progress lines (``experiments.common.progress``) name
 the cell and method, with elapsed time, rate and ETA; "compiling …" precedes
 each first call of a jitted function.
 """
@@ -59,9 +59,9 @@ from coulomb_jax import _checks
 from coulomb_jax import importance_sampling
 from coulomb_jax import repulsion
 from coulomb_jax import synthetic
-from experiments import cli
-from experiments import progress as progress_lib
-from experiments import provenance
+from experiments.common import cli
+from experiments.common import progress as progress_lib
+from experiments.common import provenance
 from experiments import synthetic_records
 from experiments import synthetic_report
 

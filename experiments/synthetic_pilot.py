@@ -30,8 +30,8 @@ import numpy as np
 
 import coulomb_jax as cj
 from coulomb_jax import synthetic
-from experiments import cli
-from experiments import provenance
+from experiments.common import cli
+from experiments.common import provenance
 from experiments import synthetic as study
 from experiments import synthetic_report
 

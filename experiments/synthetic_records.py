@@ -11,7 +11,7 @@ read the file through this module.
 import json
 import os
 
-from experiments import provenance
+from experiments.common import provenance
 
 FILENAME = 'records.jsonl'
 

@@ -22,7 +22,7 @@ import numpy as np
 from scipy import stats
 
 from configs import synthetic as synthetic_config
-from experiments import provenance
+from experiments.common import provenance
 from experiments import synthetic_records
 
 BASELINES = ('logreg', 'rbf_svm', 'mkl')

@@ -47,7 +47,7 @@ from sklearn import linear_model
 
 from coulomb_jax import data
 from coulomb_jax import metrics as metrics_lib
-from experiments import provenance
+from experiments.common import provenance
 from experiments import report
 
 TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset')

@@ -33,9 +33,9 @@ import coulomb_jax as cj
 from coulomb_jax import diagnostics
 from coulomb_jax import hamiltonian as hl
 from coulomb_jax import synthetic
-from experiments import cli
-from experiments import progress as progress_lib
-from experiments import provenance
+from experiments.common import cli
+from experiments.common import progress as progress_lib
+from experiments.common import provenance
 from experiments import synthetic_report
 
 

@@ -6,7 +6,7 @@ or, from any folder, ``python path/to/experiments/train.py
 --config=path/to/configs/sst2.py:kernel-favor,quick --workdir=...``. Every config
 field with its value and comment: ``--config=configs/sst2.py --list_fields``; any
 field can be overridden (``--config.phase_b.learning_rate=1e-3``). A misspelled
-field, a wrong variant or a bad value ends in one line (``experiments.cli``).
+field, a wrong variant or a bad value ends in one line (``experiments.common.cli``).
 
 ``train_and_evaluate(config, workdir)`` is the one path from the command line to
 the code:
@@ -74,9 +74,9 @@ from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import models
 from coulomb_jax import training
 from experiments import checkpoints
-from experiments import cli
-from experiments import progress
-from experiments import provenance
+from experiments.common import cli
+from experiments.common import progress
+from experiments.common import provenance
 from experiments import run_folder
 from experiments import sharding
 from experiments import stages

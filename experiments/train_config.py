@@ -20,8 +20,8 @@ from coulomb_jax import data
 from coulomb_jax import features
 from coulomb_jax import models
 from coulomb_jax import training
-from experiments import cli
-from experiments import provenance
+from experiments.common import cli
+from experiments.common import provenance
 
 PHASE_A_SCHEDULES = training.SCHEDULES
 # The data folder when config.data.data_dir is '': this variable, else DEFAULT_DATA_DIR.

@@ -20,7 +20,7 @@ import ml_collections
 from absl import flags
 from absl import logging
 
-from experiments import cli
+from experiments.common import cli
 from experiments import train_config
 
 # The flags ``define_flags`` declares belong to its caller (``python experiments/train.py

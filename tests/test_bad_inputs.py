@@ -524,7 +524,7 @@ def _release_locks():
 def test_bad_command_line_ends_in_one_line_naming_the_value(program, argv, match, tmp_path,
                                                             monkeypatch, capsys, _release_locks):
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from experiments import cli  # pylint: disable=g-import-not-at-top
+  from experiments.common import cli  # pylint: disable=g-import-not-at-top
   from experiments import grid  # pylint: disable=g-import-not-at-top
   from experiments import train  # pylint: disable=g-import-not-at-top
   module = {'train': train, 'grid': grid}[program]

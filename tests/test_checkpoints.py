@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from experiments import checkpoints
-from experiments import cli
+from experiments.common import cli
 
 
 def _ckpt(particles):

@@ -1,4 +1,4 @@
-"""Tests of experiments.cli: config and flag mistakes end in one line with the suggestion."""
+"""Tests of experiments.common.cli: config and flag mistakes end in one line with the suggestion."""
 
 import os
 import sys
@@ -7,7 +7,7 @@ from absl import flags
 from ml_collections import config_flags
 import pytest
 
-from experiments import cli
+from experiments.common import cli
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
 SYNTHETIC = os.path.join(ROOT, 'configs', 'synthetic.py')

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import synthetic as synthetic_config
-from experiments import cli
+from experiments.common import cli
 from experiments import synthetic
 from experiments import synthetic_records
 from experiments import synthetic_report

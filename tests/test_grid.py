@@ -78,7 +78,7 @@ def test_a_run_that_fails_by_itself_near_the_kill_limit_counts_as_failed(tmp_pat
 
 
 def test_commit_of_a_copy_without_git(tmp_path, monkeypatch):
-  from experiments import provenance  # pylint: disable=g-import-not-at-top
+  from experiments.common import provenance  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(tmp_path)                          # No git checkout here.
   monkeypatch.setattr(provenance, 'REPO_ROOT', str(tmp_path))
   monkeypatch.setenv('GIT_CEILING_DIRECTORIES', str(tmp_path.parent))

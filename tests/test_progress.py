@@ -1,10 +1,10 @@
-"""Tests of experiments.progress (a fake clock: no timed assertions)."""
+"""Tests of experiments.common.progress (a fake clock: no timed assertions)."""
 
 import io
 
 import pytest
 
-from experiments import progress
+from experiments.common import progress
 
 
 class FakeClock:

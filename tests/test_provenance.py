@@ -1,4 +1,4 @@
-"""Tests of experiments.provenance: commands relative to the repository, the path migration."""
+"""Tests of experiments.common.provenance: commands relative to the repository, the path migration."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from experiments import provenance
+from experiments.common import provenance
 
 ROOT = provenance.REPO_ROOT
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from coulomb_jax import metrics as metrics_lib
-from experiments import provenance
+from experiments.common import provenance
 from experiments import report
 from experiments import tfidf_baseline
 

@@ -7,7 +7,7 @@ results never carry the absolute path of the machine that made them.
 
 Files written before that rule can be rewritten in place:
 
-  python -m experiments.provenance --relativize results docs [--root=/work/main]
+  python -m experiments.common.provenance --relativize results docs [--root=/work/main]
 
 replaces, in every ``.json`` and ``.md`` file under the given files or folders,
 each absolute path under ``--root`` (the repository root the files were made in;
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 """The root of this checkout (the folder holding ``experiments/``)."""
 
 
@@ -194,7 +194,7 @@ if __name__ == '__main__':
 
   def main(argv):
     if not _RELATIVIZE.value or len(argv) < 2:
-      raise app.UsageError('usage: python -m experiments.provenance --relativize PATH...')
+      raise app.UsageError('usage: python -m experiments.common.provenance --relativize PATH...')
     changed = relativize_files(argv[1:], _ROOT.value)
     for name, count in changed.items():
       print(f'{name}: {count} path{"s" * (count != 1)} made relative to the repository root')

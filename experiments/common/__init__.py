@@ -1,0 +1,1 @@
+"""Parts every command shares: one-line errors (``cli``), progress lines (``progress``), provenance (``provenance``)."""
