@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from coulomb_jax import data
+from coulomb_jax.data import tokenizer
 
 DATA_DIR = os.environ.get(
     'COULOMB_DATA_DIR',
@@ -392,7 +393,7 @@ def test_pair_truncation_matches_bert_longest_first():
   la, lb = np.meshgrid(np.arange(13), np.arange(13))
   la, lb = la.ravel(), lb.ravel()
   for budget in range(16):
-    got_a, got_b = data._pair_lengths(la, lb, budget)
+    got_a, got_b = tokenizer._pair_lengths(la, lb, budget)
     want = [_bert_truncate(a, b, budget) for a, b in zip(la.tolist(), lb.tolist())]
     assert list(zip(got_a.tolist(), got_b.tolist())) == want, budget
 
