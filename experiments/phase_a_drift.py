@@ -44,10 +44,10 @@ from coulomb_jax import data
 from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax import training
-from experiments import checkpoints
+from experiments.run import checkpoints
 from experiments import grid
 from experiments.common import provenance
-from experiments import stages
+from experiments.run import stages
 from experiments import train
 
 _DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(grid.DATASETS)}.')

@@ -33,7 +33,7 @@ import numpy as np
 from coulomb_jax import features
 from experiments import grid
 from experiments.common import provenance
-from experiments import stages
+from experiments.run import stages
 from experiments import train
 
 # Named settings: config.phase_a overrides on top of the Vanilla-X run's config.

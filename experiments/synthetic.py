@@ -350,8 +350,8 @@ def run_study(config, workdir):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  from experiments import train_config  # pylint: disable=g-import-not-at-top
-  from experiments import train_flags  # pylint: disable=g-import-not-at-top
+  from experiments.run import train_config  # pylint: disable=g-import-not-at-top
+  from experiments.run import train_flags  # pylint: disable=g-import-not-at-top
   path = train_flags.config_file(flags.FLAGS['config'])
   comments = train_flags.field_comments(path) if os.path.isfile(path) else {}
   if flags.FLAGS.list_fields:

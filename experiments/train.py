@@ -46,7 +46,7 @@ config is refused.
 """
 # (The docstring is --help's text.) This module is the entry point and the run's
 # assembly: data, model, optimisers, stages, results. The pieces live in
-# train_config (config checks, data folder), run_folder (the workdir's files,
+# experiments/run/: train_config (config checks, data folder), run_folder (the workdir's files,
 # preflight checks, lock), checkpoints (orbax save/restore, the Phase B prefix),
 # sharding (the data mesh), summaries (TensorBoard), train_flags (the command line)
 # and stages (what each stage does); their public names that other code uses are
@@ -73,27 +73,27 @@ from coulomb_jax import data
 from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import models
 from coulomb_jax import training
-from experiments import checkpoints
+from experiments.run import checkpoints
 from experiments.common import cli
 from experiments.common import progress
 from experiments.common import provenance
-from experiments import run_folder
-from experiments import sharding
-from experiments import stages
-from experiments import summaries
-from experiments import train_config
-from experiments import train_flags
+from experiments.run import run_folder
+from experiments.run import sharding
+from experiments.run import stages
+from experiments.run import summaries
+from experiments.run import train_config
+from experiments.run import train_flags
 # pylint: disable=unused-import,g-multiple-import
 # Names other code and tests import from here; they live in the modules above.
-from experiments.checkpoints import CHECKPOINTS, PREFIX, UNREADABLE
-from experiments.run_folder import (FINGERPRINT, LOCK, RESULTS, TOKENIZER, WorkdirBusy,
-                                    data_fingerprint, lock_workdir, preflight,
-                                    release_workdir)
-from experiments.sharding import Sharder
-from experiments.train_config import (DATA_ENV, DEFAULT_DATA_DIR, PHASE_A_SCHEDULES,
-                                      check_config, data_dir)
-from experiments.train_flags import (define_flags, describe_fields, field_comments,
-                                     init_distributed)
+from experiments.run.checkpoints import CHECKPOINTS, PREFIX, UNREADABLE
+from experiments.run.run_folder import (FINGERPRINT, LOCK, RESULTS, TOKENIZER, WorkdirBusy,
+                                        data_fingerprint, lock_workdir, preflight,
+                                        release_workdir)
+from experiments.run.sharding import Sharder
+from experiments.run.train_config import (DATA_ENV, DEFAULT_DATA_DIR, PHASE_A_SCHEDULES,
+                                          check_config, data_dir)
+from experiments.run.train_flags import (define_flags, describe_fields, field_comments,
+                                         init_distributed)
 # pylint: enable=unused-import,g-multiple-import
 
 

@@ -1,10 +1,10 @@
-"""experiments.checkpoints: a restored checkpoint with a non-finite parameter is refused
+"""experiments.run.checkpoints: a restored checkpoint with a non-finite parameter is refused
 before any step, in one line naming the leaf."""
 
 import numpy as np
 import pytest
 
-from experiments import checkpoints
+from experiments.run import checkpoints
 from experiments.common import cli
 
 

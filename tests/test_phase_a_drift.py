@@ -35,7 +35,7 @@ def test_drift_statistics_are_consistent_and_scale_with_the_step_size():
 
 def test_trained_params_round_trip_and_drift_on_given_params(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
-  from experiments import checkpoints  # pylint: disable=g-import-not-at-top
+  from experiments.run import checkpoints  # pylint: disable=g-import-not-at-top
   from experiments import train  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1)
   ids = [rng.integers(1, 40, size=n).astype(np.int32) for n in rng.integers(3, 12, size=32)]

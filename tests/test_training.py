@@ -159,7 +159,7 @@ def test_layer_step_moves_only_its_layers_particles_on_cached_inputs():
 def test_pooled_keys_table_holds_each_rows_phase_a_inputs():
   from configs import text
   from coulomb_jax import data
-  from experiments import stages
+  from experiments.run import stages
   from experiments import train
   rng = np.random.default_rng(0)
   ids = [rng.integers(1, VOCAB, size=n).astype(np.int32) for n in rng.integers(2, 16, size=11)]
@@ -202,7 +202,7 @@ def _config(**overrides):
 
 
 def _final_params(workdir):
-  from experiments import checkpoints
+  from experiments.run import checkpoints
   manager = checkpoints.checkpoint_manager(workdir)
   return manager.restore(manager.latest_step())['best_params']
 
@@ -276,7 +276,7 @@ def test_bad_config_fails_before_any_compute(field, value, tmp_path):
     ('data.validation_rule', 'words', 'one of'),
     ('variant', 'nonsense', 'one of')])
 def test_config_checks_catch_inconsistent_fields(field, value, match):
-  from experiments import run_folder
+  from experiments.run import run_folder
   from experiments import train
   config = _config(**({} if field == 'variant' else {field: value}))
   if field == 'variant':
@@ -526,7 +526,7 @@ def test_a_workdir_whose_data_changed_is_refused_and_left_as_it_was(tmp_path):
 
 def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
   from test_distributed import _mr_data  # pylint: disable=g-import-not-at-top
-  from experiments import checkpoints
+  from experiments.run import checkpoints
   from experiments import train
 
   def damage(step):

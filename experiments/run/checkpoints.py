@@ -27,9 +27,9 @@ from absl import logging
 from coulomb_jax import training
 from experiments.common import cli
 from experiments.common import provenance
-from experiments import run_folder
-from experiments import sharding
-from experiments import stages
+from experiments.run import run_folder
+from experiments.run import sharding
+from experiments.run import stages
 
 CHECKPOINTS = 'checkpoints'
 # Unreadable checkpoints are moved here (not deleted) when an older one is used instead.

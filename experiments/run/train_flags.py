@@ -21,7 +21,7 @@ from absl import flags
 from absl import logging
 
 from experiments.common import cli
-from experiments import train_config
+from experiments.run import train_config
 
 # The flags ``define_flags`` declares belong to its caller (``python experiments/train.py
 # --help`` lists them under train.py, as when they were defined there).

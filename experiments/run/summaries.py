@@ -10,7 +10,7 @@ import os
 
 from absl import logging
 
-from experiments import train_config
+from experiments.run import train_config
 
 
 class FlushingWriter:

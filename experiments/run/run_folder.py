@@ -31,7 +31,7 @@ from absl import logging
 from coulomb_jax import data
 from experiments.common import cli
 from experiments.common import provenance
-from experiments import train_config
+from experiments.run import train_config
 
 RESULTS = 'results.json'
 FINGERPRINT = 'fingerprint.json'
