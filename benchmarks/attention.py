@@ -52,6 +52,7 @@ from coulomb_jax import attention
 from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax import pallas_attention
+from coulomb_jax.pallas_attention import causal as causal_kernel
 from benchmarks.timing import median_seconds, paired_ratio
 from experiments.common import provenance
 
@@ -102,7 +103,7 @@ def softmax(feature_map, omega, q, k, v):
 def causal(feature_map, omega, q, k, v):
   """Causal: per-head features stored, then the chunked ``causal_linear_attention``."""
   scale = q.shape[-1] ** -0.25
-  return pallas_attention._causal_reference(  # pylint: disable=protected-access
+  return causal_kernel._causal_reference(  # pylint: disable=protected-access
       q * scale, k * scale, v, omega, None, name=feature_map, eps=attention.DEFAULT_EPS)
 
 

@@ -318,8 +318,8 @@ def test_causal_paths_against_the_exact_causal_ratio(name):
   q, k, v, omega, mask = _inputs_at_norms()
   ref = _exact_attention(name, q, k, v, omega, mask, causal=True)
   real = np.asarray(mask)[:, :, None, None]
-  outs = {'xla': pallas_attention._causal_reference(q, k, v, omega, mask, name=name,
-                                                    eps=attention.DEFAULT_EPS),
+  outs = {'xla': pallas_attention.causal._causal_reference(q, k, v, omega, mask, name=name,
+                                                           eps=attention.DEFAULT_EPS),
           'pallas': pallas_attention.pallas_causal_linear_attention(
               q, k, v, omega, feature_map=name, key_mask=mask, chunk_size=4, block_f=16)}
   norms = slice(None) if name in _CAUSAL_EXACT_AT_ANY_NORM else slice(0, 1)   # 1, 8, 40 or 1

@@ -16,6 +16,8 @@ import pytest
 
 from coulomb_jax import attention
 from coulomb_jax import pallas_attention as pa
+from coulomb_jax.pallas_attention import bidirectional
+from coulomb_jax.pallas_attention import causal
 
 B, L, H, DIM, D, M = 2, 45, 2, 16, 16, 32   # Sides ≥ 16: Triton's smallest dot.
 BLOCKS = dict(block_q=16, block_k=16, block_f=16, num_splits=2)
@@ -135,11 +137,11 @@ def test_use_by_default():
 def test_use_by_default_falls_back_when_compiling_fails(monkeypatch):
   def broken(*args, **kwargs):
     raise NotImplementedError('no lowering for this op')
-  monkeypatch.setattr(pa, 'pallas_linear_attention', broken)
-  pa._compiles.cache_clear()
+  monkeypatch.setattr(bidirectional, 'pallas_linear_attention', broken)
+  bidirectional._compiles.cache_clear()
   x, v, omega = jnp.zeros((1, 16, 1, 16)), jnp.zeros((1, 16, 1, 32)), jnp.zeros((1, 64, 16))
   assert not pa.use_by_default(x, x, v, omega, 'cos2', interpret=True)
-  pa._compiles.cache_clear()
+  bidirectional._compiles.cache_clear()
 
 
 @pytest.mark.parametrize('kwargs, match', [
@@ -170,7 +172,7 @@ def test_causal_kernel_equals_xla_path(name):
   q, k, v, omega, mask = _inputs(jax.random.key(10))
   out = pa.pallas_causal_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask,
                                           **CAUSAL)
-  ref = pa._causal_reference(q, k, v, omega, mask, name=name, eps=attention.DEFAULT_EPS)
+  ref = causal._causal_reference(q, k, v, omega, mask, name=name, eps=attention.DEFAULT_EPS)
   np.testing.assert_allclose(_real(out, mask), _real(ref, mask), rtol=2e-5, atol=2e-6)
 
 
@@ -183,7 +185,7 @@ def test_causal_is_causal_and_stable(name):
   out = pa.pallas_causal_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask,
                                           eps=1e-30, **CAUSAL)
   assert np.all(np.isfinite(out))
-  ref = pa._causal_reference(q, k, v, omega, mask, name=name, eps=1e-30)
+  ref = causal._causal_reference(q, k, v, omega, mask, name=name, eps=1e-30)
   np.testing.assert_allclose(_real(out, mask), _real(ref, mask), rtol=1e-4, atol=1e-5)
   # The future does not leak: new keys and values after position 20 change nothing before.
   k2 = k.at[:, 21:].set(-k[:, 21:])
@@ -202,7 +204,7 @@ def test_causal_gradients_are_the_xla_paths():
   w = jax.random.normal(jax.random.key(13), (B, L, H, D)) * mask[:, :, None, None]
   fn = functools.partial(pa.pallas_causal_linear_attention, feature_map='elu', key_mask=mask,
                          **CAUSAL)
-  ref = lambda *a: pa._causal_reference(*a, mask, name='elu', eps=attention.DEFAULT_EPS)
+  ref = lambda *a: causal._causal_reference(*a, mask, name='elu', eps=attention.DEFAULT_EPS)
   got = jax.grad(lambda *a: jnp.sum(w * fn(*a)), argnums=(0, 1, 2, 3))(q, k, v, omega)
   want = jax.grad(lambda *a: jnp.sum(w * ref(*a)), argnums=(0, 1, 2, 3))(q, k, v, omega)
   for g, r in zip(got, want):
@@ -235,6 +237,6 @@ class PallasVariantsTest(chex.TestCase):
           pa.pallas_causal_linear_attention, feature_map='porf_softplus', key_mask=mask,
           **CAUSAL))(q64, k64, v64, omega64)
       chex.assert_type(out64, jnp.float64)        # the kernels compute in float32
-      ref = pa._causal_reference(q64, k64, v64, omega64, mask, name='porf_softplus',
+      ref = causal._causal_reference(q64, k64, v64, omega64, mask, name='porf_softplus',
                                  eps=attention.DEFAULT_EPS)
       chex.assert_trees_all_close(_real(out64, mask), _real(ref, mask), rtol=2e-5, atol=2e-6)

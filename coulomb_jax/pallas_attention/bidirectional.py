@@ -1,7 +1,4 @@
-r"""Linear attention as Pallas kernels (GPU; interpret mode elsewhere).
-
-Bidirectional (``pallas_linear_attention``, below) and causal
-(``pallas_causal_linear_attention``, at the end of the module).
+r"""Bidirectional linear attention as two Pallas kernels: ``pallas_linear_attention``.
 
 ``pallas_linear_attention(q, k, v, omega, ...)`` computes the same thing as
 ``attention.fused_linear_attention`` (φ = the per-head feature map of the
@@ -37,13 +34,9 @@ softmax couples every feature: its key kernel first walks all particle blocks
 for each key row's log-sum-exp (so the key-side projections are computed
 M/F_b + 1 times); a query row's own log-sum-exp is a factor of its row and cancels.
 
-There is no backward kernel: under differentiation a ``jax.custom_vjp`` runs
-``fused_linear_attention``'s XLA path forward and backward, so gradients (and
-training cost) are the reference path's and the kernels serve the forward
-passes of inference and evaluation.
-
-Written against the Triton backend of ``jax.experimental.pallas``. On a CPU
-(tests) the kernels run in Pallas interpret mode, with float32 dots.
+``use_by_default`` says whether ``fused_linear_attention(implementation='auto')``
+takes these kernels. Under differentiation the XLA path runs instead (no backward
+kernel; ``coulomb_jax.pallas_attention``).
 """
 
 import functools
@@ -59,32 +52,8 @@ from jax.experimental.pallas import triton as plgpu
 from coulomb_jax import _checks
 from coulomb_jax import attention_core
 from coulomb_jax import features
-
-PALLAS_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'softmaxfeat',
-                       'porf_softplus')
-"""The maps ``pallas_linear_attention`` computes inside its kernels."""
-
-_NEG = -1e30  # Finite "minus infinity" for masked logits and empty running maxima.
-
-
-def _dot(a, b, trans_a=False, trans_b=False, precision=None):
-  """2-D a @ b (either side transposed) accumulated in float32."""
-  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
-  return jax.lax.dot_general(a, b, dims, precision=precision,
-                             preferred_element_type=jnp.float32)
-
-
-def _project(x, omega):
-  """s = x ωᵀ in float32: the exponent of most maps, so never with bf16 operands.
-
-  Float32 inputs: the backend's default float32 dot (on recent NVIDIA GPUs Triton
-  lowers it to TF32, as XLA's default precision does for the reference path).
-  16-bit inputs: TF32 explicitly; the particles stay float32, so they are not
-  rounded to bf16.
-  """
-  fast = x.dtype.itemsize < 4
-  return _dot(x.astype(jnp.float32), omega, trans_b=True,
-              precision=jax.lax.Precision.HIGH if fast else None)
+from coulomb_jax.pallas_attention import core
+from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS
 
 
 def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
@@ -104,10 +73,10 @@ def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
     k = k_ref[rows, :]                                     # [C_k, d]
     v = v_ref[rows, :]                                     # [C_k, D]
     keep = mask_ref[rows] > 0                              # [C_k]
-    s = _project(k, omega)                                 # [C_k, F_b]
+    s = core.project(k, omega)                             # [C_k, F_b]
     kf = k.astype(jnp.float32)
     half = 0.5 * jnp.sum(kf * kf, axis=1, keepdims=True)   # [C_k, 1]
-    logits = jnp.where(keep[:, None], features.log_psi(name, s, half), _NEG)
+    logits = jnp.where(keep[:, None], features.log_psi(name, s, half), core.NEG)
     m_new = jnp.maximum(m, jnp.max(logits, axis=0))       # [F_b]
     decay = jnp.exp(m - m_new)
     acc, z = acc * decay[:, None], z * decay
@@ -115,12 +84,12 @@ def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
     phi = jnp.where(keep[:, None], jnp.exp(logits - m_new[None, :]) * scale,
                     0.0).astype(v.dtype)
     v = jnp.where(keep[:, None], v, 0).astype(v.dtype)   # never read padded values
-    acc = acc + _dot(phi, v, trans_a=True)
+    acc = acc + core.dot(phi, v, trans_a=True)
     z = z + jnp.sum(phi.astype(jnp.float32), axis=0)     # the same (rounded) φ as in S
     return acc, z, m_new
 
   init = (jnp.zeros((f_b, d_v), jnp.float32), jnp.zeros((f_b,), jnp.float32),
-          jnp.full((f_b,), _NEG, jnp.float32))
+          jnp.full((f_b,), core.NEG, jnp.float32))
   acc, z, m = jax.lax.fori_loop(0, num_blocks, body, init)
   s_ref[...] = acc
   z_ref[...] = z
@@ -143,7 +112,7 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, m_ref, o_ref, *, name, block_f
   def body(i, carry):
     num, den, m = carry                                    # [C_q, D], [C_q], [C_q]
     feats = pl.ds(i * block_f, block_f)
-    s = _project(q, omega_ref[feats, :])                   # [C_q, F_b]
+    s = core.project(q, omega_ref[feats, :])               # [C_q, F_b]
     logits = features.log_psi(name, s, half) + m_ref[feats][None, :]
     m_new = jnp.maximum(m, jnp.max(logits, axis=1))
     rescale = jnp.exp(m - m_new)
@@ -151,12 +120,12 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, m_ref, o_ref, *, name, block_f
     # φ(q) S in q's dtype (bf16 inputs: a bf16 product; the denominator uses the
     # same rounded φ, so only the state's rounding differs between the two).
     phi = (jnp.exp(logits - m_new[:, None]) * scale).astype(q.dtype)
-    num = num + _dot(phi, s_ref[feats, :].astype(q.dtype))
+    num = num + core.dot(phi, s_ref[feats, :].astype(q.dtype))
     den = den + jnp.sum(phi.astype(jnp.float32) * z_ref[feats][None, :], axis=1)
     return num, den, m_new
 
   init = (jnp.zeros((c_q, d_v), jnp.float32), jnp.zeros((c_q,), jnp.float32),
-          jnp.full((c_q,), _NEG, jnp.float32))
+          jnp.full((c_q,), core.NEG, jnp.float32))
   num, den, _ = jax.lax.fori_loop(0, num_blocks, body, init)
   o_ref[...] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
 
@@ -186,7 +155,7 @@ def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_re
 
     def lse_body(g, mc):
       m, total = mc                                        # [C_k], [C_k]
-      s_g = _project(k, omega_ref[pl.ds(g * block_f, block_f), :])
+      s_g = core.project(k, omega_ref[pl.ds(g * block_f, block_f), :])
       m_new = jnp.maximum(m, jnp.max(jnp.abs(s_g), axis=1))   # max over [s, −s]
       total = total * jnp.exp(m - m_new) + jnp.sum(
           jnp.exp(s_g - m_new[:, None]) + jnp.exp(-s_g - m_new[:, None]), axis=1)
@@ -196,22 +165,22 @@ def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_re
         0, num_feature_blocks, lse_body,
         (jnp.zeros((block_k,), jnp.float32), jnp.zeros((block_k,), jnp.float32)))
     lse = (m + jnp.log(total))[:, None]                     # [C_k, 1]; |s| ≥ 0 so m ≥ 0
-    s = _project(k, omega)                                 # [C_k, F_b]
-    l_p = jnp.where(keep[:, None], s - lse, _NEG)
-    l_m = jnp.where(keep[:, None], -s - lse, _NEG)
+    s = core.project(k, omega)                             # [C_k, F_b]
+    l_p = jnp.where(keep[:, None], s - lse, core.NEG)
+    l_m = jnp.where(keep[:, None], -s - lse, core.NEG)
     mp_new = jnp.maximum(m_p, jnp.max(l_p, axis=0))
     mm_new = jnp.maximum(m_m, jnp.max(l_m, axis=0))
     d_p, d_m = jnp.exp(m_p - mp_new), jnp.exp(m_m - mm_new)
     phi_p = jnp.where(keep[:, None], jnp.exp(l_p - mp_new[None, :]) * scale, 0.0)
     phi_m = jnp.where(keep[:, None], jnp.exp(l_m - mm_new[None, :]) * scale, 0.0)
     v = jnp.where(keep[:, None], v, 0).astype(v.dtype)
-    acc_p = acc_p * d_p[:, None] + _dot(phi_p.astype(v.dtype), v, trans_a=True)
-    acc_m = acc_m * d_m[:, None] + _dot(phi_m.astype(v.dtype), v, trans_a=True)
+    acc_p = acc_p * d_p[:, None] + core.dot(phi_p.astype(v.dtype), v, trans_a=True)
+    acc_m = acc_m * d_m[:, None] + core.dot(phi_m.astype(v.dtype), v, trans_a=True)
     return (acc_p, acc_m, z_p * d_p + jnp.sum(phi_p, axis=0),
             z_m * d_m + jnp.sum(phi_m, axis=0), mp_new, mm_new)
 
   zeros = lambda *shape: jnp.zeros(shape, jnp.float32)
-  neg = jnp.full((block_f,), _NEG, jnp.float32)
+  neg = jnp.full((block_f,), core.NEG, jnp.float32)
   acc_p, acc_m, z_p, z_m, m_p, m_m = jax.lax.fori_loop(
       0, num_blocks, body, (zeros(block_f, d_v), zeros(block_f, d_v), zeros(block_f),
                             zeros(block_f), neg, neg))
@@ -238,22 +207,22 @@ def _query_kernel_softmax(q_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref, mp_r
   def body(i, carry):
     num, den, m = carry                                    # [C_q, D], [C_q], [C_q]
     feats = pl.ds(i * block_f, block_f)
-    s = _project(q, omega_ref[feats, :])                   # [C_q, F_b]
+    s = core.project(q, omega_ref[feats, :])               # [C_q, F_b]
     l_p = s + mp_ref[feats][None, :]
     l_m = -s + mm_ref[feats][None, :]
     m_new = jnp.maximum(m, jnp.maximum(jnp.max(l_p, axis=1), jnp.max(l_m, axis=1)))
     rescale = jnp.exp(m - m_new)
     e_p = cast(jnp.exp(l_p - m_new[:, None]) * scale)
     e_m = cast(jnp.exp(l_m - m_new[:, None]) * scale)
-    num = (num * rescale[:, None] + _dot(e_p, cast(sp_ref[feats, :]))
-           + _dot(e_m, cast(sm_ref[feats, :])))
+    num = (num * rescale[:, None] + core.dot(e_p, cast(sp_ref[feats, :]))
+           + core.dot(e_m, cast(sm_ref[feats, :])))
     den = (den * rescale
            + jnp.sum(e_p.astype(jnp.float32) * zp_ref[feats][None, :], axis=1)
            + jnp.sum(e_m.astype(jnp.float32) * zm_ref[feats][None, :], axis=1))
     return num, den, m_new
 
   init = (jnp.zeros((c_q, d_v), jnp.float32), jnp.zeros((c_q,), jnp.float32),
-          jnp.full((c_q,), _NEG, jnp.float32))
+          jnp.full((c_q,), core.NEG, jnp.float32))
   num, den, _ = jax.lax.fori_loop(0, num_blocks, body, init)
   o_ref[...] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
 
@@ -268,14 +237,8 @@ def _combine_splits(s_part, z_part, m_part):
   m = jnp.max(m_part, axis=2, keepdims=True)                    # [B, H, 1, F]
   w = jnp.exp(m_part - m)                                       # [B, H, S, F]
   return (jnp.einsum('bhsf,bhsfd->bhfd', w, s_part), jnp.sum(w * z_part, axis=2),
-          jnp.where(m[:, :, 0] > 0.5 * _NEG, m[:, :, 0], 0.0))
+          jnp.where(m[:, :, 0] > 0.5 * core.NEG, m[:, :, 0], 0.0))
 
-
-def _pad_rows(a, length):
-  pad = length - a.shape[1]
-  if not pad:
-    return a
-  return jnp.pad(a, ((0, 0), (0, pad)) + ((0, 0),) * (a.ndim - 2))
 
 
 def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_splits, eps,
@@ -283,8 +246,7 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
   b, length, h, dim = q.shape
   d_v, num_features = v.shape[-1], omega.shape[1]
   out_dtype = v.dtype
-  if interpret:  # XLA's CPU backend has no bf16 × bf16 → f32 dot.
-    q, k, v = (a.astype(jnp.promote_types(a.dtype, jnp.float32)) for a in (q, k, v))
+  q, k, v, mask = core.kernel_inputs(q, k, v, key_mask, interpret)
   omega = omega.astype(jnp.float32)
   scale = 1.0 / math.sqrt(num_features)
   params = dict(compiler_params=plgpu.CompilerParams(num_warps=num_warps,
@@ -294,8 +256,7 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
   # Keys: split L into num_splits ranges of a whole number of C_k blocks.
   blocks_per_split = pl.cdiv(pl.cdiv(length, block_k), num_splits)
   split_len = blocks_per_split * block_k
-  mask = jnp.ones((b, length), jnp.int32) if key_mask is None else key_mask.astype(jnp.int32)
-  k_p, v_p, mask_p = (_pad_rows(a, num_splits * split_len) for a in (k, v, mask))
+  k_p, v_p, mask_p = (core.pad_rows(a, num_splits * split_len) for a in (k, v, mask))
   n_f = num_features // block_f
   part = lambda *shape: jax.ShapeDtypeStruct((b, h, num_splits) + shape, jnp.float32)
   rows_spec = lambda width: pl.BlockSpec((None, split_len, None, width),
@@ -346,44 +307,15 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
                + [state_in if a.ndim == 4 else norm_in for a in states],
       out_specs=pl.BlockSpec((None, block_q, None, d_v), lambda i, j, c: (i, c, j, 0)),
       out_shape=jax.ShapeDtypeStruct((b, q_len, h, d_v), out_dtype),
-      **params)(_pad_rows(q, q_len), omega, *states)
+      **params)(core.pad_rows(q, q_len), omega, *states)
   return out[:, :length]
 
 
-def _with_xla_gradients(forward, reference):
-  """``f(q, k, v, omega, key_mask, options)``: the kernels when evaluated, the XLA path
-  under differentiation.
 
-  ``forward(q, k, v, omega, key_mask, **options)`` runs the kernels;
-  ``reference(q, k, v, omega, key_mask, options)`` is the XLA path. Under ``grad``
-  the reference runs forward and backward: the kernels have no backward, and
-  recomputing the output with them would cost more than it saves.
-  """
-  @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-  def f(q, k, v, omega, key_mask, options):
-    return forward(q, k, v, omega, key_mask, **dict(options))
-
-  def f_fwd(q, k, v, omega, key_mask, options):
-    return jax.vjp(lambda *a: reference(*a, key_mask, dict(options)), q, k, v, omega)
-
-  def f_bwd(options, pullback, g):
-    del options
-    return tuple(pullback(g)) + (None,)
-
-  f.defvjp(f_fwd, f_bwd)
-  return f
-
-
-_attend = _with_xla_gradients(
+_attend = core.with_xla_gradients(
     _forward, lambda q, k, v, omega, key_mask, opts: attention_core.xla_fused_linear_attention(
         q, k, v, omega, feature_map=opts['name'], key_mask=key_mask, eps=opts['eps']))
 
-
-def _power_of_two(name, value):
-  value = _checks.check_int(name, value, 1)
-  if value & (value - 1):
-    raise ValueError(f'{name} must be a power of two (Triton block shapes), got {value}.')
-  return value
 
 
 def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.Array, *,
@@ -414,19 +346,13 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
   attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
   attention_core.check_eps(eps)
   length = q.shape[1]
-  if block_f is None:
-    block_f = math.gcd(omega.shape[1], 64)
-  block_q, block_k, block_f = (_power_of_two(n, x) for n, x in
-                               (('block_q', block_q), ('block_k', block_k),
-                                ('block_f', block_f)))
-  if omega.shape[1] % block_f:
-    raise ValueError(f'block_f must divide the number of particles M = {omega.shape[1]}, '
-                     f'got {block_f}.')
+  block_q, block_k = (core.power_of_two(n, x) for n, x in
+                      (('block_q', block_q), ('block_k', block_k)))
+  block_f = core.feature_block(block_f, omega.shape[1])
   if num_splits is None:
     num_splits = min(64, pl.cdiv(length, 4096))
   num_splits = _checks.check_int('num_splits', num_splits, 1)
-  if interpret is None:
-    interpret = jax.default_backend() != 'gpu'
+  interpret = core.default_interpret(interpret)
   options = (('name', feature_map), ('block_q', block_q), ('block_k', block_k),
              ('block_f', block_f), ('num_splits', num_splits), ('eps', float(eps)),
              ('interpret', bool(interpret)), ('num_warps', num_warps),
@@ -472,166 +398,3 @@ def use_by_default(q, k, v, omega, feature_map, key_mask=None, *, interpret=Fals
   return _compiles(spec(q), spec(k), spec(v), spec(omega), spec(key_mask), feature_map,
                    interpret)
 
-
-# ------------------------------------------------------------------------------ causal
-
-def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chunk,
-                   block_f, num_chunks, num_feature_blocks, eps):
-  """One (b, h): out_i = Σ_{j≤i} φ(q_i)·φ(k_j) v_j / Σ_{j≤i} φ(q_i)·φ(k_j), chunk by chunk.
-
-  The running state S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j) of the chunks before is kept
-  in registers as one ``[F_b, D]`` block per feature block (a Python loop over
-  the blocks; softmaxfeat has two per particle block, for s and −s). Per chunk
-  of C rows: every block's log-features ℓ (``features.log_psi``; softmaxfeat:
-  [s, −s] minus each key row's log-sum-exp), each feature's running max m_f
-  over the real keys of the prefix (this chunk included), which rescales its row
-  of S and z, the queries' ℓ + m_f minus each query row's max (as
-  ``features.attention_pair``, with prefix maxima), then
-  out = (A v + φ(q) S) / (A 1 + φ(q)·z) with A = tril(φ(q) φ(k)ᵀ) inside the
-  chunk, and S, z updated. Every factor is common to a query's row, so the
-  ratio is exact at any input scale.
-  """
-  n_f, m_total = num_feature_blocks, omega_ref.shape[0]
-  d_v = v_ref.shape[-1]
-  softmax = name == 'softmaxfeat'
-  scale = 1.0 / math.sqrt(m_total)
-  causal = jnp.arange(chunk)[:, None] >= jnp.arange(chunk)[None, :]
-  omegas = [omega_ref[pl.ds(f * block_f, block_f), :] for f in range(n_f)]
-  row_max = lambda blocks: functools.reduce(jnp.maximum, [jnp.max(b, axis=1) for b in blocks])
-
-  def log_features(x, keys):
-    """ℓ of a [C, d] row block: a list of [C, F_b] blocks (softmaxfeat: s blocks, then −s)."""
-    xf = x.astype(jnp.float32)
-    half = 0.5 * jnp.sum(xf * xf, axis=1, keepdims=True)           # [C, 1]
-    s = [_project(x, w) for w in omegas]                           # n_f × [C, F_b]
-    if not softmax:
-      return [features.log_psi(name, sb, half) for sb in s]
-    blocks = s + [-sb for sb in s]
-    if not keys:            # A query row's log-sum-exp is a factor of its row: it cancels.
-      return blocks
-    top = row_max(blocks)[:, None]
-    lse = top + jnp.log(sum(jnp.sum(jnp.exp(b - top), axis=1, keepdims=True)
-                            for b in blocks))
-    return [b - lse for b in blocks]
-
-  def body(t, carry):
-    states, norms, m = carry             # width × [F_b, D], × [F_b], × [F_b] (running max)
-    rows = pl.ds(t * chunk, chunk)
-    q, k, v = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :]
-    keep = mask_ref[rows] > 0                                       # [C]
-    lk = [jnp.where(keep[:, None], l, _NEG) for l in log_features(k, True)]
-    m_new = [jnp.maximum(mf, jnp.max(l, axis=0)) for mf, l in zip(m, lk)]
-    decay = [jnp.exp(mf - mn) for mf, mn in zip(m, m_new)]
-    states = [s * dc[:, None] for s, dc in zip(states, decay)]
-    norms = [z * dc for z, dc in zip(norms, decay)]
-    m_q = [jnp.where(mn > 0.5 * _NEG, mn, 0.0) for mn in m_new]     # 0 before any real key
-    lq = [l + mq[None, :] for l, mq in zip(log_features(q, False), m_q)]
-    shift_q = row_max(lq)[:, None]
-    phi_q = [jnp.exp(l - shift_q) * scale for l in lq]
-    phi_k = [jnp.where(keep[:, None], jnp.exp(l - mn[None, :]) * scale, 0.0)
-             for l, mn in zip(lk, m_new)]
-    v = jnp.where(keep[:, None], v, 0).astype(jnp.float32)
-    a = sum(_dot(pq, pk, trans_b=True) for pq, pk in zip(phi_q, phi_k))   # [C, C]
-    a = jnp.where(causal, a, 0.0)
-    num = _dot(a, v) + sum(_dot(pq, s) for pq, s in zip(phi_q, states))
-    den = jnp.sum(a, axis=1) + sum(jnp.sum(pq * z[None, :], axis=1)
-                                   for pq, z in zip(phi_q, norms))
-    o_ref[rows, :] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
-    states = [s + _dot(pk, v, trans_a=True) for s, pk in zip(states, phi_k)]
-    norms = [z + jnp.sum(pk, axis=0) for z, pk in zip(norms, phi_k)]
-    return states, norms, m_new
-
-  width = 2 * n_f if softmax else n_f
-  init = ([jnp.zeros((block_f, d_v), jnp.float32)] * width,
-          [jnp.zeros((block_f,), jnp.float32)] * width,
-          [jnp.full((block_f,), _NEG, jnp.float32)] * width)
-  jax.lax.fori_loop(0, num_chunks, body, init)
-
-
-def _causal_reference(q, k, v, omega, key_mask, *, name, eps):
-  """The XLA path: per-head features stored, then ``causal_linear_attention``.
-
-  The features are ``features.attention_pair``'s (per key feature over all real
-  keys, and per query row: factors common to a query's row, which cancel as the
-  kernel's prefix maxima do).
-  """
-  pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, name, key_mask)
-  qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
-  return attention_core.causal_linear_attention(qf, kf, v, key_mask, eps=eps)
-
-
-def _causal_forward(q, k, v, omega, key_mask, *, name, chunk, block_f, eps, interpret,
-                    num_warps, num_stages):
-  b, length, h, dim = q.shape
-  d_v, num_features = v.shape[-1], omega.shape[1]
-  out_dtype = v.dtype
-  if interpret:
-    q, k, v = (a.astype(jnp.promote_types(a.dtype, jnp.float32)) for a in (q, k, v))
-  padded = pl.cdiv(length, chunk) * chunk
-  mask = jnp.ones((b, length), jnp.int32) if key_mask is None else key_mask.astype(jnp.int32)
-  q, k, v, mask = (_pad_rows(a, padded) for a in (q, k, v, mask))
-  rows = lambda width: pl.BlockSpec((None, padded, None, width), lambda i, j: (i, 0, j, 0))
-  out = pl.pallas_call(
-      functools.partial(_causal_kernel, name=name, chunk=chunk, block_f=block_f,
-                        num_chunks=padded // chunk,
-                        num_feature_blocks=num_features // block_f, eps=eps),
-      grid=(b, h),
-      in_specs=[rows(dim), rows(dim), rows(d_v),
-                pl.BlockSpec((None, padded), lambda i, j: (i, 0)),
-                pl.BlockSpec((None, num_features, dim), lambda i, j: (j, 0, 0))],
-      out_specs=rows(d_v),
-      out_shape=jax.ShapeDtypeStruct((b, padded, h, d_v), out_dtype),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      interpret=interpret)(q, k, v, mask, omega.astype(jnp.float32))
-  return out[:, :length]
-
-
-_attend_causal = _with_xla_gradients(
-    _causal_forward, lambda q, k, v, omega, key_mask, opts: _causal_reference(
-        q, k, v, omega, key_mask, name=opts['name'], eps=opts['eps']))
-
-
-def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
-                                   omega: jax.Array, *, feature_map: str = 'favor',
-                                   key_mask: Optional[jax.Array] = None, chunk_size: int = 64,
-                                   block_f: Optional[int] = None,
-                                   eps: float = attention_core.DEFAULT_EPS,
-                                   interpret: Optional[bool] = None, num_warps: int = 4,
-                                   num_stages: int = 2) -> jax.Array:
-  r"""Causal linear attention from one Pallas kernel, ``[B, L, H, D]``: out_i sees j ≤ i.
-
-  The result of ``attention.causal_linear_attention(φ(q), φ(k), v, key_mask)``
-  with φ the per-head map of ``omega`` (every map in log space: each feature's running
-  max over the keys of the prefix and each query row's max, which cancel), without storing the
-  ``[B, L, H, M]`` features: one program per (batch, head) walks the chunks of
-  C tokens in order, carrying S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) of the chunks
-  before in registers (see ``_causal_kernel``). The key shifts are running
-  maxima up to the end of the current chunk, so a key later in a query's own chunk
-  can move that query's shifts: exact in real arithmetic (the shifts cancel), equal
-  up to float32 rounding in practice. The grid has only B·H programs,
-  so it suits many sequences or heads; the chunks are sequential by nature.
-  Under differentiation the XLA path (stored features, ``causal_linear_attention``)
-  runs forward and backward, as for ``pallas_linear_attention``.
-
-  Args: as ``pallas_linear_attention``, with ``chunk_size`` C (a power of two;
-  L need not be a multiple of it) instead of the block and split sizes.
-
-  Not exact at large inputs for favor, porf_softplus and softmaxfeat: see
-  ``attention_core.causal_linear_attention``; ``attention.fused_causal_linear_attention``
-  (XLA) is exact for every map.
-  """
-  attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
-  attention_core.check_eps(eps)
-  if block_f is None:
-    block_f = math.gcd(omega.shape[1], 64)
-  chunk, block_f = (_power_of_two(n, x) for n, x in (('chunk_size', chunk_size),
-                                                     ('block_f', block_f)))
-  if omega.shape[1] % block_f:
-    raise ValueError(f'block_f must divide the number of particles M = {omega.shape[1]}, '
-                     f'got {block_f}.')
-  if interpret is None:
-    interpret = jax.default_backend() != 'gpu'
-  options = (('name', feature_map), ('chunk', chunk), ('block_f', block_f),
-             ('eps', float(eps)), ('interpret', bool(interpret)), ('num_warps', num_warps),
-             ('num_stages', num_stages))
-  return _attend_causal(q, k, v, omega, key_mask, options)
