@@ -11,10 +11,11 @@ Import these explicitly: ``models`` (the Flax modules; keeps flax out of
 ``import coulomb_jax``), ``data`` (text data, tokenizer, batches, data fingerprints)
 and ``importance_sampling`` (a baseline). The most used names are re-exported here.
 
-Layering (no import circles): ``attention`` → ``pallas_attention`` →
-``attention_core`` (the XLA paths and checks both share) → ``features``;
-``data`` and ``tfds_builders`` → ``data_core`` (examples, the MR reader, the
-class-balance check). Everything works with ``jax_enable_x64``; eager calls
+Layering (no import circles): ``attention`` → ``pallas_attention`` (a package:
+``bidirectional`` and ``causal`` → its ``core``) → ``attention_core`` (the XLA
+paths and checks both share) → ``features``; ``data`` (a package: ``readers``,
+``tokenizer``, ``batching``) and ``tfds_builders`` → ``data_core`` (examples, the
+MR reader, the class-balance check). Everything works with ``jax_enable_x64``; eager calls
 check their arguments' values (NaN/inf, numbers given as strings), jitted calls
 only what is static.
 """
