@@ -32,8 +32,8 @@ import coulomb_jax as cj
 from coulomb_jax import synthetic
 from experiments.common import cli
 from experiments.common import provenance
-from experiments import synthetic as study
-from experiments import synthetic_report
+from experiments.study import methods
+from experiments.study import tables
 
 GRID = {'lam': [0.0, 0.01, 0.05], 'step_size': [0.03, 0.3, 3.0], 'beta': [1e4, 1e6]}
 NUM_SEEDS, BUDGET = 2, 64
@@ -44,13 +44,13 @@ def run_pilot(config):
   gains = {}
   for seed in range(NUM_SEEDS):
     key = jax.random.fold_in(jax.random.key(config.seed + 1000), seed)
-    data = study._np_splits(synthetic.make_splits(   # pylint: disable=protected-access
+    data = methods.np_splits(synthetic.make_splits(
         key, num_train=config.data.num_train, num_val=config.data.num_val, num_test=1,
         dim=config.data.dim, noise=noise))
     x, y = (jnp.asarray(a) for a in data['train'])
     z = cj.sample_gaussian(jax.random.fold_in(key, 7), BUDGET, config.data.dim)
-    val = lambda om: study.linear_classifier(
-        config, study._np_splits(data, lambda a: cj.features.rff(a, om)))['val_accuracy']  # pylint: disable=protected-access
+    val = lambda om: methods.linear_classifier(
+        config, methods.np_splits(data, lambda a: cj.features.rff(a, om)))['val_accuracy']
     bw = max(config.features.bandwidths, key=lambda b: val(z / b))
     base = val(z / bw)
     for lam, eta, beta in itertools.product(*GRID.values()):
@@ -68,7 +68,7 @@ def run_pilot(config):
 
 def main(argv):
   del argv
-  meta = synthetic_report.run_metadata('experiments.synthetic_pilot')
+  meta = tables.run_metadata('experiments.synthetic_pilot')
   print(f"{meta['command']} at commit {meta['commit']} on {json.dumps(meta['machine'])}")
   rows = run_pilot(flags.FLAGS.config)
   for r in sorted(rows, key=lambda r: -r['mean_val_gain']):

@@ -36,7 +36,7 @@ from coulomb_jax import synthetic
 from experiments.common import cli
 from experiments.common import progress as progress_lib
 from experiments.common import provenance
-from experiments import synthetic_report
+from experiments.study import tables
 
 
 def _energy_kwargs(config):
@@ -234,7 +234,7 @@ def summary_markdown(results):
 
 
 def run_theory(config, workdir):
-  meta = synthetic_report.run_metadata('experiments.theory')
+  meta = tables.run_metadata('experiments.theory')
   key = jax.random.key(config.seed)
   data_key, eval_key, fe_key, sw_key, spread_key = jax.random.split(key, 5)
   x, y = synthetic.make_classification(data_key, config.data.num_train, config.data.dim,

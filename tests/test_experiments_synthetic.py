@@ -11,8 +11,9 @@ import pytest
 from configs import synthetic as synthetic_config
 from experiments.common import cli
 from experiments import synthetic
-from experiments import synthetic_records
-from experiments import synthetic_report
+from experiments.study import methods
+from experiments.study import record_file
+from experiments.study import tables
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
 
@@ -43,18 +44,18 @@ def test_every_method_runs_and_report_is_written(tmp_path, capsys):
   # It says what it does: compilations, and progress lines with elapsed time, rate and ETA.
   assert '[synthetic] noise 1/1 (σ=0.1) seed 1/1: compiling the Langevin run (N=8 particles) …' in out
   assert 'compiling importance sampling (N=16, 64 candidates) …' in out
-  runs = synthetic.cell_runs(config)
+  runs = methods.cell_runs(config)
   assert runs == ['logreg', 'rbf_svm', 'mkl', 'rff N=8', 'importance N=8', 'coulomb N=8 λ=0',
                   'coulomb N=8 λ=0.5', 'rff N=16', 'importance N=16', 'coulomb N=16 λ=0',
                   'coulomb N=16 λ=0.5']
   last = [l for l in out.splitlines() if f'{len(runs)}/{len(runs)} runs' in l]
   assert len(last) == 1 and 'method coulomb N=16 λ=0.5 — 11/11 runs' in last[0]
   assert ' elapsed, ' in last[0] and ' runs/s' in last[0] and last[0].endswith('ETA 00:00')
-  methods = {(r['method'], r.get('budget'), r.get('lam')) for r in results['records']}
-  assert {('logreg', None, None), ('rbf_svm', None, None), ('mkl', None, None)} <= methods
+  fitted = {(r['method'], r.get('budget'), r.get('lam')) for r in results['records']}
+  assert {('logreg', None, None), ('rbf_svm', None, None), ('mkl', None, None)} <= fitted
   for budget in (8, 16):
     assert {('rff', budget, None), ('importance', budget, None), ('coulomb', budget, 0.0),
-            ('coulomb', budget, 0.5)} <= methods
+            ('coulomb', budget, 0.5)} <= fitted
   for r in results['records']:
     assert 0.0 <= r['test_accuracy'] <= 1.0 and 0.0 <= r['val_accuracy'] <= 1.0
   coulomb = [r for r in results['records'] if r['method'] == 'coulomb']
@@ -91,7 +92,7 @@ def test_cut_record_line_is_dropped_and_cell_redone(tmp_path):
                   + json.dumps({'cell_done': True, 'noise_index': 0, 'seed': 0}) + '\n'
                   + json.dumps({'method': 'logreg', 'noise_index': 1, 'seed': 0}) + '\n'
                   + '{"method": "rff", "noi')
-  records, done = synthetic_records.load_done(str(path))
+  records, done = record_file.load_done(str(path))
   assert done == {(0, 0)} and len(records) == 1
 
 
@@ -99,10 +100,10 @@ def test_selected_lambda_and_intervals():
   recs = [{'method': 'coulomb', 'noise_index': 0, 'seed': 0, 'budget': 8, 'lam': lam,
            'val_accuracy': v, 'test_accuracy': t}
           for lam, v, t in ((0.0, 0.7, 0.6), (0.5, 0.8, 0.65))]
-  sel = [r for r in synthetic_report.with_selected_lambda(recs)
-         if r['method'] == synthetic_report.SELECTED]
+  sel = [r for r in tables.with_selected_lambda(recs)
+         if r['method'] == tables.SELECTED]
   assert len(sel) == 1 and sel[0]['selected_lam'] == 0.5 and sel[0]['test_accuracy'] == 0.65
-  mean, half, n = synthetic_report.mean_ci([0.5, 0.7])
+  mean, half, n = tables.mean_ci([0.5, 0.7])
   # t_{0.975, 1} = 12.706; std = 0.1414; half = 12.706 · 0.1414 / √2 = 1.2706.
   assert (n, mean) == (2, pytest.approx(0.6)) and half == pytest.approx(1.2706, rel=1e-3)
 
@@ -142,13 +143,13 @@ def test_pilot_runs_on_validation_only(monkeypatch):
 
 
 def test_accuracy_band_is_clipped_and_smoke_runs_say_so():
-  lower, upper = synthetic_report.accuracy_band([0.9, 0.05, 0.5], [0.3, 0.2, float('nan')])
+  lower, upper = tables.accuracy_band([0.9, 0.05, 0.5], [0.3, 0.2, float('nan')])
   np.testing.assert_allclose(lower, [0.6, 0.0, 0.5])
   np.testing.assert_allclose(upper, [1.0, 0.25, 0.5])
   config = synthetic_config.get_config('quick')
-  assert synthetic_report.smoke_label(config) == (
+  assert tables.smoke_label(config) == (
       'quick variant: smoke run, 2 seeds — not results')
-  assert synthetic_report.smoke_label(synthetic_config.get_config()) == ''
+  assert tables.smoke_label(synthetic_config.get_config()) == ''
 
 
 def test_launched_as_a_file_from_another_folder_a_typo_is_one_line(tmp_path):

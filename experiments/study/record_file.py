@@ -4,7 +4,7 @@ One JSON object per line: a record (one method on one (σ, seed) cell), and afte
 the records of a cell a marker ``{"cell_done": true, "noise_index": i, "seed": s}``.
 A cell counts only once its marker is written, so a run killed in the middle of a
 cell (or of a line) redoes that cell and nothing else. Both the study
-(``experiments.synthetic``) and its report (``experiments.synthetic_report``)
+(``experiments.synthetic``) and its report (``experiments.study.tables``)
 read the file through this module.
 """
 
