@@ -40,8 +40,10 @@ import numpy as np
 from configs import text
 from experiments.common import cli
 from experiments.common import provenance
-from experiments import report
-from experiments import report_figures
+from experiments.analysis import loading
+from experiments.analysis import pages
+from experiments.analysis import plots
+from experiments.analysis import tables
 
 METRICS = ('accuracy', 'mcc', 'log_loss', 'brier', 'ece')
 LABELS = {'accuracy': 'accuracy', 'mcc': 'MCC', 'log_loss': 'LogLoss', 'brier': 'Brier',
@@ -59,8 +61,8 @@ def paired_diff(treated: Dict[int, dict], base: Dict[int, dict]) -> Dict[str, di
   out = {}
   for k in METRICS:
     d = [treated[s]['test'][k] - base[s]['test'][k] for s in seeds]
-    summary = report.summarize(d) if d else {'mean': None, 'std': None, 'n': 0}
-    mean, half = report_figures.t_interval(summary)
+    summary = tables.summarize(d) if d else {'mean': None, 'std': None, 'n': 0}
+    mean, half = plots.t_interval(summary)
     out[k] = {'mean': summary['mean'], 'std': summary['std'], 'n': len(d),
               'ci95': [mean - half, mean + half] if np.isfinite(half) else None,
               'seeds': seeds}
@@ -81,7 +83,7 @@ def map_summary(kernel: Dict[int, dict], ball: Dict[int, dict],
     out[field] = {k: float(np.mean([p[field][k] for p in reports])) for k in kinds}
   out['paired_kernel_minus_ball'] = paired_diff(kernel, ball)
   out['paired_kernel_minus_vanilla'] = paired_diff(kernel, vanilla)
-  out['test'] = {kind: {k: report.summarize([r['test'][k] for r in runs.values()])
+  out['test'] = {kind: {k: tables.summarize([r['test'][k] for r in runs.values()])
                         for k in METRICS}
                  for kind, runs in (('kernel', kernel), ('ball', ball), ('vanilla', vanilla))}
   return out
@@ -176,7 +178,7 @@ def alignment_curves(run_dir: str, phase_a: dict) -> List[dict]:
 
 def curves_figure(path: str, title: str, curves: Dict[str, List[dict]]) -> str:
   """One panel per map: learned ρ (line), initial (dotted), ball (dashed), null (×)."""
-  plt = report_figures._pyplot()  # pylint: disable=protected-access
+  plt = plots.pyplot()
   maps = list(curves)
   cols = 4
   rows = -(-len(maps) // cols)
@@ -204,7 +206,7 @@ def curves_figure(path: str, title: str, curves: Dict[str, List[dict]]) -> str:
   axes[0][0].legend(fontsize=6, loc='best')
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
-  return report_figures._save(fig, path)  # pylint: disable=protected-access
+  return plots.save(fig, path)
 
 
 def _fmt(x, digits=3):
@@ -295,7 +297,7 @@ def _old_run_keys(out: str) -> dict:
   if not os.path.exists(out):
     return {}
   return {d: _entry_run_keys(s)
-          for d, s in report.read_json(out).get('datasets', {}).items()}
+          for d, s in loading.read_json(out).get('datasets', {}).items()}
 
 
 def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
@@ -306,22 +308,22 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
   ``keep_others``: datasets of the existing ``out`` that have no runs under ``runs_dir``
   (a grid run one dataset at a time, the earlier runs gone) keep their entry, its
   ``generated`` provenance and their figures; the page names where each came from.
-  ``train_subsets``: accept runs trained on fixed training rows (``report.load_runs``);
-  the settings record ``data.max_train_examples``. Like ``report.write_report``, nothing is
-  written when the runs hold fewer datasets or (variant, seed) pairs than ``out`` (or none),
-  unless ``allow_fewer``."""
-  analysis = report.read_analysis(docs)           # fails before anything is written
-  finished, _ = report.load_runs(runs_dir, train_subsets)
-  fresh = [d for d in report.SPLIT_NAMES if any(r['dataset'] == d for r in finished)]
+  ``train_subsets``: accept runs trained on fixed training rows (``loading.load_runs``);
+  the settings record ``data.max_train_examples``. Like ``experiments.report.write_report``,
+  nothing is written when the runs hold fewer datasets or (variant, seed) pairs than ``out``
+  (or none), unless ``allow_fewer``."""
+  analysis = pages.read_analysis(docs)           # fails before anything is written
+  finished, _ = loading.load_runs(runs_dir, train_subsets)
+  fresh = [d for d in loading.SPLIT_NAMES if any(r['dataset'] == d for r in finished)]
   kept = _kept(out, fresh) if keep_others else {}
-  new = report.run_keys(finished)
+  new = loading.run_keys(finished)
   new.update({d: _entry_run_keys(s) for d, s in kept.items()})
-  report.check_not_fewer(_old_run_keys(out), new, f'{out} and {docs}', allow_fewer)
+  loading.check_not_fewer(_old_run_keys(out), new, f'{out} and {docs}', allow_fewer)
   generated = {k: meta[k] for k in ('command', 'commit', 'date', 'machine')}
   docs_dir = os.path.dirname(docs) or '.'
   result = {'datasets': {}}
   parts = []
-  for dataset in (d for d in report.SPLIT_NAMES if d in kept or d in fresh):
+  for dataset in (d for d in loading.SPLIT_NAMES if d in kept or d in fresh):
     stem = os.path.join(figures_dir, f'phase_a_learning_{dataset}')
     if dataset in kept:
       result['datasets'][dataset] = s = kept[dataset]
@@ -342,7 +344,7 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
         curves[m] = alignment_curves(os.path.join(runs_dir, r['path']), r['phase_a'])
     figs = {'curves': curves_figure(stem + '_alignment.png', f'{dataset}: held-out centered '
                                     'alignment during Phase A (Kernel-X, lowest seed)', curves),
-            'paired': report_figures.paired_figure(
+            'paired': plots.paired_figure(
                 stem + '_paired.png', f'{dataset}: Kernel-X in the learning regime',
                 {name: {**{m: r[key] for m, r in s['maps'].items()},
                         'all maps': s['all_maps'][key]}

@@ -48,7 +48,7 @@ from sklearn import linear_model
 from coulomb_jax import data
 from coulomb_jax import metrics as metrics_lib
 from experiments.common import provenance
-from experiments import report
+from experiments.analysis import loading
 
 TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset')
 VARIANT = 'tfidf_logreg'
@@ -94,7 +94,7 @@ def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
   """Fits the reference on ``task``'s train split; returns a results dict (see module doc).
 
   ``predictions_path``: where to write the test split's labels and P(class 1)
-  (``report.save_predictions``); not written when None.
+  (``loading.save_predictions``); not written when None.
   """
   if task not in data.TASKS:
     raise ValueError(f'task must be one of {data.TASKS}, got {task!r}.')
@@ -135,7 +135,7 @@ def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
     probs = best_model.predict_proba(x[split])[:, 1].astype(np.float64)
     results[split] = metrics_lib.classification_metrics(splits[split].labels, probs)
     if split == 'test' and predictions_path:
-      report.save_predictions(predictions_path, splits[split].labels, probs)
+      loading.save_predictions(predictions_path, splits[split].labels, probs)
   return results
 
 
@@ -168,10 +168,10 @@ if __name__ == '__main__':
     meta = provenance.run_metadata('experiments.tfidf_baseline')
     os.makedirs(_OUT.value, exist_ok=True)
     for task in _TASKS.value:
-      predictions = os.path.join(_OUT.value, report.reference_predictions_file(task, _RULE.value))
+      predictions = os.path.join(_OUT.value, loading.reference_predictions_file(task, _RULE.value))
       r = run_tfidf(task, _DATA_DIR.value, c_grid, validation_rule=_RULE.value, meta=meta,
                     predictions_path=predictions)
-      name = report.reference_file(task, _RULE.value)
+      name = loading.reference_file(task, _RULE.value)
       provenance.write_json_atomic(os.path.join(_OUT.value, name), r, indent=1)
       v, t = r['validation'], r['test']
       print(f"{task}: C={r['C']:g} validation accuracy {v['accuracy']:.4f}; test accuracy "

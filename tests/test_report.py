@@ -10,6 +10,9 @@ import pytest
 from coulomb_jax import metrics as metrics_lib
 from experiments.common import provenance
 from experiments import report
+from experiments.analysis import loading
+from experiments.analysis import pages
+from experiments.analysis import tables
 from experiments import tfidf_baseline
 
 META = {'command': 'python -m experiments.report --runs=grid', 'commit': 'abc123',
@@ -18,7 +21,7 @@ DATA_DIR = os.environ.get('COULOMB_DATA_DIR', '/work/shared/data')
 
 
 def _metrics(accuracy, ece=0.05):
-  m = {k: 0.5 for k in report.METRICS}
+  m = {k: 0.5 for k in loading.METRICS}
   return dict(m, accuracy=accuracy, mcc=2 * accuracy - 1, ece=ece, brier=1 - accuracy)
 
 
@@ -58,7 +61,7 @@ def grid(tmp_path):
 
 def test_metric_names_match_the_metrics_module():
   got = metrics_lib.classification_metrics([0, 1, 1], [0.2, 0.7, 0.4])
-  assert tuple(got) == report.METRICS
+  assert tuple(got) == loading.METRICS
 
 
 def test_aggregation_schema_mean_and_sample_std(grid, tmp_path):
@@ -76,7 +79,7 @@ def test_aggregation_schema_mean_and_sample_std(grid, tmp_path):
   assert list(s['variants']) == ['vanilla-favor', 'kernel-favor']
   assert s['unfinished'] == [os.path.join('rotten_tomatoes', 'softmax', 'seed0')]
   kernel, vanilla = s['variants']['kernel-favor'], s['variants']['vanilla-favor']
-  assert set(kernel) == set(report.METRICS + report.TIMES)
+  assert set(kernel) == set(loading.METRICS + loading.TIMES)
   for m in kernel.values():
     assert set(m) == {'mean', 'std', 'n'}
   acc = kernel['accuracy']
@@ -116,24 +119,24 @@ def test_markdown_rows_reference_and_analysis_survive(grid, tmp_path):
   assert '| vanilla-favor | 0.7800 |' in md
   assert '| kernel-favor | 0.8200 ± 0.0283 |' in md
   assert md.index('| vanilla-favor |') < md.index('| kernel-favor |') < md.index('| TF-IDF')
-  assert f'| {report.REFERENCE_NAME} | 0.7852 |' in md
+  assert f'| {tables.REFERENCE_NAME} | 0.7852 |' in md
   assert '| softmax |' not in md
   assert '110 ± 14 (A 15 + B 95)' in md
   assert '| favor | +0.0200 |' in md
   assert 'c0ffee' in md and '2025-01-01' in md and '2025-01-02' in md
-  assert f'{report.ANALYSIS_START}\n{report.PLACEHOLDER}\n{report.ANALYSIS_END}' in md
+  assert f'{pages.ANALYSIS_START}\n{pages.PLACEHOLDER}\n{pages.ANALYSIS_END}' in md
   with open(os.path.join(out, 'rotten_tomatoes.json')) as f:
     assert json.load(f)['reference']['metrics']['accuracy']['mean'] == 0.7852
 
-  analysis = f'{report.ANALYSIS_START}\nKernel-FAVOR beats the paper by 1.2 points.\n\n' \
-             f'| hand | table |\n{report.ANALYSIS_END}'
+  analysis = f'{pages.ANALYSIS_START}\nKernel-FAVOR beats the paper by 1.2 points.\n\n' \
+             f'| hand | table |\n{pages.ANALYSIS_END}'
   provenance.write_atomic(docs, md.replace(
-      f'{report.ANALYSIS_START}\n{report.PLACEHOLDER}\n{report.ANALYSIS_END}', analysis))
+      f'{pages.ANALYSIS_START}\n{pages.PLACEHOLDER}\n{pages.ANALYSIS_END}', analysis))
   _write_run(grid, 'rotten_tomatoes', 'vanilla-favor', 1, 0.80)
   report.write_report(grid, out, docs, meta=META)
   with open(docs) as f:
     md = f.read()
-  assert analysis in md and report.PLACEHOLDER not in md
+  assert analysis in md and pages.PLACEHOLDER not in md
   assert '| vanilla-favor | 0.7900 ± 0.0141 |' in md
 
 
@@ -146,7 +149,7 @@ def test_refuses_to_overwrite_a_file_without_markers_and_duplicate_runs(grid, tm
     assert f.read() == 'hand-written notes\n'
   _write_run(str(tmp_path / 'grid' / 'again'), 'rotten_tomatoes', 'kernel-favor', 0, 0.5)
   with pytest.raises(ValueError, match='two results'):
-    report.load_runs(str(tmp_path / 'grid'))
+    loading.load_runs(str(tmp_path / 'grid'))
 
 
 def test_seeds_with_different_settings_are_not_averaged(tmp_path):
@@ -208,18 +211,18 @@ def test_a_field_added_later_counts_as_its_old_behaviour(tmp_path):
 @pytest.mark.skipif(not os.path.isdir(os.path.join(DATA_DIR, 'rotten_tomatoes')),
                     reason=f'no Rotten Tomatoes data under {DATA_DIR} (set COULOMB_DATA_DIR)')
 def test_tfidf_on_rotten_tomatoes(tmp_path):
-  predictions = str(tmp_path / report.reference_predictions_file('rotten_tomatoes'))
+  predictions = str(tmp_path / loading.reference_predictions_file('rotten_tomatoes'))
   r = tfidf_baseline.run_tfidf('rotten_tomatoes', DATA_DIR, c_grid=(1.0, 8.0), meta=META,
                                predictions_path=predictions)
   assert r['C'] in (1.0, 8.0) and [s['C'] for s in r['selection']] == [1.0, 8.0]
   best = max(r['selection'], key=lambda s: (s['validation_accuracy'], -s['validation_log_loss']))
   assert best['C'] == r['C'] and best['validation_accuracy'] == r['validation']['accuracy']
   assert r['test']['accuracy'] > 0.7
-  assert set(r['test']) == set(report.METRICS)
+  assert set(r['test']) == set(loading.METRICS)
   assert (r['dataset'], r['variant'], r['seed']) == ('rotten_tomatoes', 'tfidf_logreg', 0)
   assert r['commit'] == META['commit'] and r['train_seconds'] > 0
   # Its test predictions, for the reliability diagrams: they reproduce the test metrics.
-  labels, probs = report.load_predictions(predictions)
+  labels, probs = loading.load_predictions(predictions)
   assert len(labels) == 1066 and predictions.endswith('rotten_tomatoes_predictions_test.npz')
   assert metrics_lib.classification_metrics(labels, probs) == r['test']
 
@@ -233,9 +236,9 @@ def test_subset_runs_are_refused(tmp_path):
   r['config']['data']['max_train_examples'] = 64
   provenance.write_json_atomic(path, r)
   with pytest.raises(ValueError, match='subset'):
-    report.load_runs(root)
+    loading.load_runs(root)
   # A grid trained on fixed rows on purpose: accepted, said on the page, no TF-IDF row.
-  assert len(report.load_runs(root, train_subsets=True)[0]) == 1
+  assert len(loading.load_runs(root, train_subsets=True)[0]) == 1
   docs = str(tmp_path / 'results.md')
   s = report.write_report(root, str(tmp_path / 'out'), docs, meta=META, draw=False,
                           train_subsets=True)['rotten_tomatoes']
@@ -244,7 +247,7 @@ def test_subset_runs_are_refused(tmp_path):
   r['config']['data']['max_eval_examples'] = 32           # evaluation: full splits only
   provenance.write_json_atomic(path, r)
   with pytest.raises(ValueError, match='subset'):
-    report.load_runs(root, train_subsets=True)
+    loading.load_runs(root, train_subsets=True)
 
 
 def test_kernel_and_ball_are_paired_per_seed(tmp_path):
@@ -267,34 +270,34 @@ def test_kernel_and_ball_are_paired_per_seed(tmp_path):
 # ----------------------------------------------------------------------------- figures
 
 def test_reliability_bins_hand_computed():
-  from experiments import report_figures  # pylint: disable=g-import-not-at-top
+  from experiments.analysis import plots  # pylint: disable=g-import-not-at-top
   # Edges 0, .25, .5, .75, 1 (right-closed, 0 in bin 0): 0.0 and 0.25 → bin 0; 0.3 → 1;
   # 0.5 → 1; 0.9, 1.0 → 3; bin 2 empty.
   labels = [0, 1, 0, 1, 1, 0]
   probs = [0.0, 0.25, 0.3, 0.5, 0.9, 1.0]
-  b = report_figures.reliability_bins(labels, probs, num_bins=4)
+  b = plots.reliability_bins(labels, probs, num_bins=4)
   np.testing.assert_allclose(b['edges'], [0, 0.25, 0.5, 0.75, 1.0])
   assert b['count'].tolist() == [2, 2, 0, 2]
   np.testing.assert_allclose(b['mean_prob'], [0.125, 0.4, np.nan, 0.95])
   np.testing.assert_allclose(b['frac_pos'], [0.5, 0.5, np.nan, 0.5])
   # The same edges as metrics.ece: a confidence on an edge falls in the bin below it.
   with pytest.raises(ValueError, match='one shape'):
-    report_figures.reliability_bins([0, 1], [0.5])
+    plots.reliability_bins([0, 1], [0.5])
 
 
 def test_t_interval():
-  from experiments import report_figures  # pylint: disable=g-import-not-at-top
+  from experiments.analysis import plots  # pylint: disable=g-import-not-at-top
   # n = 3, std 0.02: t_{0.975, 2} = 4.3027; half = 4.3027 · 0.02 / √3 = 0.049683.
-  mean, half = report_figures.t_interval({'mean': 0.01, 'std': 0.02, 'n': 3})
+  mean, half = plots.t_interval({'mean': 0.01, 'std': 0.02, 'n': 3})
   assert mean == 0.01 and half == pytest.approx(0.049683, rel=1e-4)
-  mean, half = report_figures.t_interval({'mean': 0.01, 'std': None, 'n': 1})
+  mean, half = plots.t_interval({'mean': 0.01, 'std': None, 'n': 1})
   assert mean == 0.01 and np.isnan(half)
 
 
 def _write_predictions(root, dataset, variant, seed, labels, shift):
   probs = np.clip(0.5 + shift * (2 * labels - 1), 0.0, 1.0)
-  report.save_predictions(os.path.join(root, dataset, variant, f'seed{seed}',
-                                       report.PREDICTIONS), labels, probs)
+  loading.save_predictions(os.path.join(root, dataset, variant, f'seed{seed}',
+                                       loading.PREDICTIONS), labels, probs)
   return probs
 
 
@@ -314,11 +317,11 @@ def test_figures_are_drawn_and_embedded(tmp_path):
            'machine': {}, 'dataset': 'rotten_tomatoes', 'variant': 'tfidf_logreg', 'seed': 0,
            'C': 4.0, 'train_seconds': 3.0, 'validation': _metrics(0.75), 'test': _metrics(0.78)}
   provenance.write_json_atomic(os.path.join(out, 'tfidf', 'rotten_tomatoes.json'), tfidf)
-  report.save_predictions(os.path.join(out, 'tfidf', 'rotten_tomatoes_predictions_test.npz'),
+  loading.save_predictions(os.path.join(out, 'tfidf', 'rotten_tomatoes_predictions_test.npz'),
                           labels, np.where(labels == 1, 0.7, 0.3))
 
-  run = next(r for r in report.load_runs(root)[0] if r['variant'] == 'kernel-favor')
-  got_labels, got_probs = report.load_predictions(run['predictions'])
+  run = next(r for r in loading.load_runs(root)[0] if r['variant'] == 'kernel-favor')
+  got_labels, got_probs = loading.load_predictions(run['predictions'])
   assert got_labels.dtype == np.int64 and got_labels.tolist() == labels.tolist()
   np.testing.assert_allclose(got_probs, np.where(labels == 1, 0.8, 0.2))
 
@@ -332,21 +335,21 @@ def test_figures_are_drawn_and_embedded(tmp_path):
   assert '![Rotten Tomatoes: reliability diagrams](figures/rotten_tomatoes_reliability.png)' in md
   assert md.index('Paired Kernel-X − Vanilla-X') < md.index('rotten_tomatoes_paired.png')
 
-  runs = report.load_runs(root)[0]
-  panels = report.reliability_panels(runs, os.path.join(
-      out, 'tfidf', report.reference_predictions_file('rotten_tomatoes')))
+  runs = loading.load_runs(root)[0]
+  panels = pages.reliability_panels(runs, os.path.join(
+      out, 'tfidf', loading.reference_predictions_file('rotten_tomatoes')))
   assert list(panels) == ['favor']          # kernel-elu has no predictions
   assert set(panels['favor']) == {'kernel', 'vanilla', 'ball', 'softmax', 'reference'}
   y, p, n = panels['favor']['kernel']
   assert n == 2 and len(y) == len(p) == 80  # two seeds pooled
-  assert report.figure_names('docs/results_paper_length.md', 'sst2') == {
+  assert pages.figure_names('docs/results_paper_length.md', 'sst2') == {
       'paired': 'results_paper_length_sst2_paired.png',
       'reliability': 'results_paper_length_sst2_reliability.png'}
 
   # Predictions on another test split are refused, not pooled.
   _write_predictions(root, 'rotten_tomatoes', 'softmax', 1, labels[::-1].copy(), 0.3)
   with pytest.raises(ValueError, match='hold different test labels'):
-    report.reliability_panels(report.load_runs(root)[0])
+    pages.reliability_panels(loading.load_runs(root)[0])
 
 
 def test_without_predictions_the_docs_say_so(grid, tmp_path):
@@ -359,18 +362,18 @@ def test_without_predictions_the_docs_say_so(grid, tmp_path):
 
 
 def test_attention_figure_from_a_benchmark_record(tmp_path):
-  from experiments import report_figures  # pylint: disable=g-import-not-at-top
+  from experiments.analysis import plots  # pylint: disable=g-import-not-at-top
   rows = [{'impl': impl, 'feature_map': fmap, 'particles': 'vanilla', 'dtype': 'float32',
            'L': n, 'forward_ms': 1.0, 'forward_backward_ms': 2.0 * n, 'temp_mb': 0.1 * n}
           for impl, fmap, lengths in (('materialized', 'favor', (512, 2048)),
                                       ('softmax', '-', (512,)))
           for n in lengths]
   rows.append(dict(rows[0], particles='learned'))
-  path = report_figures.attention_figure(str(tmp_path / 'f' / 'attention.png'), {'rows': rows})
+  path = plots.attention_figure(str(tmp_path / 'f' / 'attention.png'), {'rows': rows})
   with open(path, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   with pytest.raises(ValueError, match='no elu/float32 rows'):
-    report_figures.attention_figure(str(tmp_path / 'x.png'), {'rows': rows}, feature_map='elu')
+    plots.attention_figure(str(tmp_path / 'x.png'), {'rows': rows}, feature_map='elu')
 
 
 def test_redraw_from_summaries_keeps_the_tables_and_draws_the_paired_figure(grid, tmp_path):
@@ -472,10 +475,10 @@ def test_a_corrupt_predictions_file_is_named(tmp_path):
     f.write(b'not an npz at all')
   with pytest.raises(ValueError, match=r'predictions_test\.npz: not a readable predictions '
                      r'\.npz with arrays labels and probs'):
-    report.load_predictions(path)
+    loading.load_predictions(path)
   np.savez(path, other=np.zeros(3))
   with pytest.raises(ValueError, match=r'predictions_test\.npz: not a readable'):
-    report.load_predictions(path)
-  report.save_predictions(path, [0, 1], [0.2, 0.9])
-  labels, probs = report.load_predictions(path)
+    loading.load_predictions(path)
+  loading.save_predictions(path, [0, 1], [0.2, 0.9])
+  labels, probs = loading.load_predictions(path)
   assert labels.tolist() == [0, 1] and probs.tolist() == [0.2, 0.9]

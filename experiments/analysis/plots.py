@@ -1,4 +1,4 @@
-"""The figures of ``experiments.report``: reliability diagrams and paired-difference forest plots.
+"""The figures of the reports: reliability diagrams, paired-difference forest plots, attention cost.
 
 matplotlib with the Agg backend (no display needed); every function takes the
 numbers it draws, so the figures can be redrawn from a report's JSON and the
@@ -53,18 +53,21 @@ def t_interval(summary: dict) -> Tuple[float, float]:
   return float(mean), float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
 
 
-def _pyplot():
+def pyplot():
+  """``matplotlib.pyplot`` with the Agg backend (no display needed)."""
   import matplotlib                                  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt                    # pylint: disable=g-import-not-at-top
   return plt
 
 
-def _save(fig, path):
+def save(fig, path):
+  """Writes ``fig`` to the PNG ``path`` (atomically, its folder made) and closes it; returns
+  ``path``."""
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   fig.savefig(path + '.tmp.png', dpi=90)
   os.replace(path + '.tmp.png', path)
-  _pyplot().close(fig)
+  pyplot().close(fig)
   return path
 
 
@@ -86,7 +89,7 @@ def reliability_figure(path: str, title: str, panels: Dict[str, Dict[str, Tuple]
       ``vanilla``, ``ball``, ``softmax``, ``reference``).
     num_bins: bins of ``reliability_bins``.
   """
-  plt = _pyplot()
+  plt = pyplot()
   ncols = min(4, len(panels))
   nrows = math.ceil(len(panels) / ncols)
   fig, axes = plt.subplots(nrows, ncols, figsize=(3.1 * ncols, 3.3 * nrows + 0.8),
@@ -120,7 +123,7 @@ def reliability_figure(path: str, title: str, panels: Dict[str, Dict[str, Tuple]
   fig.legend(handles.values(), handles.keys(), loc='upper center', ncol=len(handles),
              fontsize=8, bbox_to_anchor=(0.5, 0.96), frameon=False)
   fig.tight_layout(rect=(0, 0, 1, 0.93))
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def paired_figure(path: str, title: str, comparisons: Dict[str, Dict[str, dict]],
@@ -137,7 +140,7 @@ def paired_figure(path: str, title: str, comparisons: Dict[str, Dict[str, dict]]
     metrics: ``(key, axis label)`` per panel.
     maps: the rows, top to bottom (default: every map of any comparison, in order).
   """
-  plt = _pyplot()
+  plt = pyplot()
   from matplotlib import ticker                      # pylint: disable=g-import-not-at-top
   if maps is None:
     maps = list(dict.fromkeys(m for pairs in comparisons.values() for m in pairs))
@@ -167,7 +170,7 @@ def paired_figure(path: str, title: str, comparisons: Dict[str, Dict[str, dict]]
   axes[0][0].legend(fontsize=7, loc='best')
   fig.suptitle(title + '\n(mean over seeds, 95% t-interval; hollow: one seed)', fontsize=9)
   fig.tight_layout()
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def attention_figure(path: str, record: dict, feature_map: str = 'favor',
@@ -179,7 +182,7 @@ def attention_figure(path: str, record: dict, feature_map: str = 'favor',
   ``temp_mb``); the rows of vanilla particles of one map and dtype are drawn, and
   softmax's (``feature_map`` '-').
   """
-  plt = _pyplot()
+  plt = pyplot()
   rows = [r for r in record['rows'] if r['feature_map'] in (feature_map, '-')
           and r['dtype'] == dtype and r.get('particles', 'vanilla') == 'vanilla']
   impls = list(dict.fromkeys(r['impl'] for r in rows))
@@ -202,24 +205,5 @@ def attention_figure(path: str, record: dict, feature_map: str = 'favor',
   fig.suptitle(f'Kernel attention ({feature_map}) vs softmax, {dtype}: time and memory '
                'against L (CPU)', fontsize=9)
   fig.tight_layout()
-  return _save(fig, path)
+  return save(fig, path)
 
-
-if __name__ == '__main__':
-  import json  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
-
-  _ATTENTION = flags.DEFINE_string('attention', 'benchmarks/results/attention.json',
-                                   'The JSON of benchmarks.attention.')
-  _OUT = flags.DEFINE_string('out', 'docs/figures/performance_attention.png', 'The PNG.')
-
-  def main(argv):
-    if len(argv) > 1:
-      raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-    with open(_ATTENTION.value) as f:
-      print(attention_figure(_OUT.value, json.load(f)), file=sys.stdout)
-
-  app.run(main)
