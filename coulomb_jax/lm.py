@@ -11,11 +11,17 @@ and a per-token linear head → logits ``[B, L, V]``. Attention is causal:
   padded keys excluded through its ``mask``.
 
 No dropout. Loss and accuracy count answer positions only (``mqar_loss_and_accuracy``).
-``train_step`` updates every parameter, particles included, with adamw (``make_state``).
+``make_state`` trains every parameter with adamw, or gives the particles their own optax
+transformation (``optax.set_to_zero()``: frozen random features; ``langevin.langevin_transform``:
+projected Langevin). ``train_step`` feeds that transformation the task gradient, or, with
+``mimicry`` settings, the gradient of the softmax-mimicry Hamiltonian
+(``mimicry.mimicry_hamiltonian``) of each layer's own queries and keys on the batch: the
+particles then move toward the kernel that reproduces this model's softmax attention while
+the rest of the model learns the task (Phase A interleaved with training).
 """
 
 import functools
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -23,9 +29,14 @@ import jax.numpy as jnp
 import optax
 from flax.training import train_state
 
+from flax import traverse_util
+
 from coulomb_jax import _checks
 from coulomb_jax import features
+from coulomb_jax import mimicry as mimicry_lib
 from coulomb_jax import models
+from coulomb_jax import repulsion
+from coulomb_jax import training
 
 LM_ATTENTIONS = ('softmax', 'kernel')
 
@@ -60,6 +71,9 @@ class CausalLM(nn.Module):
     feature_map: for ``'kernel'``, a name in ``features.ATTENTION_FEATURE_MAPS``.
     num_features: for ``'kernel'``, M particles per head.
     mlp_ratio: MLP hidden width = ``mlp_ratio · width``; 0 = attention-only blocks.
+    orthogonal: for ``'kernel'``, draw the initial particles block-orthogonally per head
+      (FAVOR+'s orthogonal random features).
+    chunk_size: for ``'kernel'``, the causal chunk of ``KernelAttention`` (None: its default).
   """
   vocab_size: int
   max_len: int
@@ -70,6 +84,8 @@ class CausalLM(nn.Module):
   feature_map: str = 'favor'
   num_features: int = 64
   mlp_ratio: int = 2
+  orthogonal: bool = False
+  chunk_size: Optional[int] = None
 
   def check(self, length: int) -> None:
     """The fields and the input length; one ``ValueError`` naming the culprit."""
@@ -93,7 +109,8 @@ class CausalLM(nn.Module):
       return functools.partial(models.SoftmaxAttention, self.num_heads, causal=True)
     return functools.partial(models.KernelAttention, num_heads=self.num_heads,
                              feature_map=self.feature_map, num_features=self.num_features,
-                             qk_mode='projected', causal=True)
+                             qk_mode='projected', causal=True, orthogonal=self.orthogonal,
+                             chunk_size=self.chunk_size)
 
   @nn.compact
   def __call__(self, tokens: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
@@ -130,13 +147,38 @@ def mqar_loss_and_accuracy(logits: jax.Array, targets: jax.Array, answer_mask: j
   return jnp.sum(jnp.where(answer_mask, ce, 0.0)) / n, jnp.sum(hit * m) / n
 
 
+class MimicrySettings(NamedTuple):
+  """The softmax-mimicry force on the particles in ``train_step`` (hashable: a static arg).
+
+  Per layer and head, the gradient of H(Ω) = D(Ω) + λ·W_s(Ω) (``mimicry.mimicry_hamiltonian``
+  with ``target``) on the layer's unscaled queries and keys of the batch's first ``rows``
+  sequences (``stop_gradient``: the force does not reach W_q, W_k). D compares the linear
+  attention rows with the softmax rows over *all* keys of a sequence: a kernel-fidelity
+  target (causality changes which keys a row sums over, not the kernel).
+  """
+  lam: float = 0.0
+  riesz_s: repulsion.Exponent = 'coulomb'
+  softening: float = repulsion.DEFAULT_SOFTENING
+  target: str = 'cross_entropy'
+  rows: int = 8
+
+
 def make_state(key: jax.Array, model: CausalLM, seq_len: int, *, learning_rate: float = 1e-3,
-               weight_decay: float = 0.1) -> train_state.TrainState:
-  """Initialised params and an adamw ``TrainState`` (every parameter is trained)."""
+               weight_decay: float = 0.1,
+               particle_tx: Optional[optax.GradientTransformation] = None
+               ) -> train_state.TrainState:
+  """Initialised params and an adamw ``TrainState``.
+
+  ``particle_tx``: None trains every parameter, particles included, with adamw; else the
+  ``particles`` leaves get ``particle_tx`` (``optax.set_to_zero()`` freezes them,
+  ``langevin.langevin_transform(...)`` moves them by projected Langevin) and the rest adamw.
+  """
   _checks.check_positive('learning_rate', learning_rate)
   _checks.check_nonnegative('weight_decay', weight_decay)
   params = jax.jit(model.init)(key, jnp.zeros((1, seq_len), jnp.int32))['params']
   tx = optax.adamw(learning_rate, weight_decay=weight_decay)
+  if particle_tx is not None and training.has_particles(params):
+    tx = optax.partition({training.PARTICLES: particle_tx, 'rest': tx}, training.partition_labels)
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
@@ -146,14 +188,58 @@ def _metrics(params, apply_fn, batch):
   return loss, acc
 
 
-@jax.jit
-def train_step(state: train_state.TrainState, batch):
-  """One adamw step on an ``mqar.MQARBatch`` → ``(state, {'loss', 'accuracy'})``."""
-  grad_fn = jax.value_and_grad(_metrics, has_aux=True)
-  (loss, acc), grads = grad_fn(state.params, state.apply_fn, batch)
+def _metrics_and_inputs(params, apply_fn, batch):
+  logits, state = apply_fn({'params': params}, batch.inputs, mutable=['intermediates'])
+  loss, acc = mqar_loss_and_accuracy(logits, batch.targets, batch.answer_mask)
+  flat = traverse_util.flatten_dict(state.get('intermediates', {}))
+  inputs = {k[:-1]: v[0] for k, v in flat.items() if k[-1] == 'mimicry_inputs'}
+  return loss, (acc, inputs)
+
+
+def mimicry_forces(params, inputs, settings: MimicrySettings, feature_map: str):
+  """``{path: ∇_Ω H [H, M, D_h]}`` of every attention module's particles (see ``MimicrySettings``).
+
+  ``inputs``: ``{path: (q, k)}``, each ``[B, L, H, D_h]``, as sown by ``KernelAttention``.
+  """
+  flat = traverse_util.flatten_dict(params)
+
+  def energy(omega, q, k):
+    return mimicry_lib.mimicry_hamiltonian(
+        omega, q, k, feature_map=feature_map, lam=settings.lam, s=settings.riesz_s,
+        softening=settings.softening, target=settings.target)
+
+  forces = {}
+  for path, (q, k) in inputs.items():
+    q, k = (jax.lax.stop_gradient(jnp.moveaxis(x[:settings.rows], 2, 0)) for x in (q, k))
+    omega = flat[path + (training.PARTICLES,)]
+    forces[path] = jax.vmap(jax.grad(energy))(omega, q, k)   # heads: [H, B, L, D_h]
+  return forces
+
+
+def train_step(state: train_state.TrainState, batch,
+               mimicry: Optional[MimicrySettings] = None, feature_map: str = 'favor'):
+  """One optimizer step on an ``mqar.MQARBatch`` → ``(state, {'loss', 'accuracy'})``.
+
+  ``mimicry`` None: every leaf gets its task gradient. Else the particle leaves get
+  ``mimicry_forces`` (of ``feature_map``) instead, and ``state``'s particle transformation
+  (e.g. Langevin) moves them with it.
+  """
+  return _train_step(state, batch, mimicry, feature_map)
+
+
+@functools.partial(jax.jit, static_argnames=('mimicry', 'feature_map'))
+def _train_step(state, batch, mimicry, feature_map):
+  if mimicry is None:
+    grad_fn = jax.value_and_grad(_metrics, has_aux=True)
+    (loss, acc), grads = grad_fn(state.params, state.apply_fn, batch)
+  else:
+    grad_fn = jax.value_and_grad(_metrics_and_inputs, has_aux=True)
+    (loss, (acc, inputs)), grads = grad_fn(state.params, state.apply_fn, batch)
+    flat = traverse_util.flatten_dict(grads)
+    for path, force in mimicry_forces(state.params, inputs, mimicry, feature_map).items():
+      flat[path + (training.PARTICLES,)] = force
+    grads = traverse_util.unflatten_dict(flat)
   return state.apply_gradients(grads=grads), {'loss': loss, 'accuracy': acc}
-
-
 @functools.partial(jax.jit, static_argnames='model')
 def evaluate(params, batch, model: CausalLM):
   """``{'loss', 'accuracy'}`` of ``model`` with ``params`` on an ``MQARBatch`` (answers only)."""

@@ -131,6 +131,9 @@ class KernelAttention(nn.Module):
     # One feature map per head: vmap over the head axis of inputs and particles.
     # Phase A's data: the per-head mean over real tokens of the (scaled) keys,
     # ``[B, H, D_h]``; collected with ``mutable=['intermediates']``.
+    # The mimicry target's data (``coulomb_jax.mimicry``): the unscaled per-head queries
+    # and keys, ``([B, L, H, D_h], [B, L, H, D_h])``; a no-op unless collected.
+    self.sow('intermediates', 'mimicry_inputs', (q, k))
     q, k = q * scale, k * scale
     self.sow('intermediates', 'phase_a_inputs', masked_mean(k, mask, axis=1))
     if self.causal:

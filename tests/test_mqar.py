@@ -168,3 +168,55 @@ def test_kernel_train_step_is_finite_and_moves_the_particles():
   old_w = state.params['block_0']['attn']['particles']
   new_w = new.params['block_0']['attn']['particles']
   assert bool(jnp.all(jnp.isfinite(new_w))) and not np.allclose(old_w, new_w)
+
+
+def test_frozen_particles_stay_and_the_rest_trains():
+  import optax  # pylint: disable=g-import-not-at-top
+  model = tiny('kernel', 'favor')
+  state = lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-2,
+                        particle_tx=optax.set_to_zero())
+  data = mqar.mqar_batch(jax.random.key(5), 4, vocab_size=V, seq_len=16, num_pairs=2)
+  new, _ = lm.train_step(state, data)
+  np.testing.assert_array_equal(new.params['block_0']['attn']['particles'],
+                                state.params['block_0']['attn']['particles'])
+  assert not np.allclose(new.params['head']['kernel'], state.params['head']['kernel'])
+
+
+def test_mimicry_forces_are_the_per_head_hamiltonian_gradient():
+  from coulomb_jax import mimicry  # pylint: disable=g-import-not-at-top
+  model = tiny('kernel', 'favor')
+  params = lm.make_state(jax.random.key(2), model, 16).params
+  data = mqar.mqar_batch(jax.random.key(5), 4, vocab_size=V, seq_len=16, num_pairs=2)
+  _, inter = model.apply({'params': params}, data.inputs, mutable=['intermediates'])
+  (q, k), = inter['intermediates']['block_0']['attn']['mimicry_inputs']
+  assert q.shape == k.shape == (4, 16, model.num_heads, model.width // model.num_heads)
+  settings = lm.MimicrySettings(lam=0.1, rows=3)
+  forces = lm.mimicry_forces(params, {('block_0', 'attn'): (q, k)}, settings, 'favor')
+  omega = params['block_0']['attn']['particles']
+  for h in range(model.num_heads):
+    want = jax.grad(lambda w: mimicry.mimicry_hamiltonian(
+        w, q[:3, :, h], k[:3, :, h], feature_map='favor', lam=0.1))(omega[h])
+    np.testing.assert_allclose(forces[('block_0', 'attn')][h], want, rtol=1e-5, atol=1e-7)
+
+
+def test_langevin_on_the_mimicry_force_lowers_the_attention_cross_entropy():
+  from coulomb_jax import langevin  # pylint: disable=g-import-not-at-top
+  from coulomb_jax import mimicry  # pylint: disable=g-import-not-at-top
+  model = tiny('kernel', 'favor')
+  tx = langevin.langevin_transform(jax.random.key_data(jax.random.key(3)), step_size=1e-3,
+                                   beta=jnp.inf, radius=100.0)
+  state = lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-9, particle_tx=tx)
+  data = mqar.mqar_batch(jax.random.key(5), 4, vocab_size=V, seq_len=16, num_pairs=2)
+  settings = lm.MimicrySettings(lam=0.0, rows=4)
+
+  def ce(params):
+    _, inter = model.apply({'params': params}, data.inputs, mutable=['intermediates'])
+    (q, k), = inter['intermediates']['block_0']['attn']['mimicry_inputs']
+    w = params['block_0']['attn']['particles']
+    return sum(float(mimicry.attention_cross_entropy(q[:, :, h], k[:, :, h], w[h], 'favor'))
+               for h in range(model.num_heads))
+
+  before = ce(state.params)
+  for _ in range(3):
+    state, _ = lm.train_step(state, data, settings, 'favor')
+  assert ce(state.params) < before
