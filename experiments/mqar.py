@@ -1,0 +1,96 @@
+r"""Multi-query associative recall (MQAR): one causal-LM run, or a grid of them.
+
+  python -m experiments.mqar --config=configs/mqar.py:particles_softmax --workdir=workdir/mqar/one
+  python -m experiments.mqar --config=configs/mqar.py --grid=main --workdir=workdir/mqar/main
+
+One run trains ``coulomb_jax.lm.CausalLM`` with the attention method of ``config.method``
+(``experiments/recall/methods.py``) and writes ``<workdir>/result.json``
+(``experiments/recall/run.py``). With ``--grid``, every run of the plan
+(``experiments/recall/grid.py``) goes to ``<workdir>/<run name>/``; start one worker per
+core with the same command (runs are claimed with a lock, finished ones skipped,
+unfinished ones resumed), and after each run the worker rewrites ``--results`` from all
+finished runs. ``--collect_only``: only that rewrite. The results file is never replaced
+by one with fewer runs.
+"""
+
+import json
+import os
+import sys
+
+if __name__ == '__main__' and not __package__:
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags
+from ml_collections import config_flags
+
+from experiments.common import cli
+from experiments.common import provenance
+from experiments.recall import grid as grid_lib
+from experiments.recall import run as run_lib
+
+FLAGS = flags.FLAGS
+
+
+def write_results(root: str, path: str, log=run_lib.log_line) -> int:
+  """``path`` from every finished run under ``root``; refuses to drop runs it holds now."""
+  table = grid_lib.results_file(grid_lib.collect(root))
+  if os.path.exists(path):
+    with open(path) as f:
+      try:
+        old = json.load(f)
+      except json.JSONDecodeError as e:
+        raise cli.ConfigError(f'--results: {path}: not valid JSON ({e}).') from None
+    if len(old.get('runs', [])) > len(table['runs']):
+      raise cli.ConfigError(f'--results: {path} holds {len(old["runs"])} runs, the workdir '
+                            f'{len(table["runs"])}; refusing to replace it by fewer.')
+  provenance.write_json_atomic(path, table, indent=1)
+  log(f'{path}: {len(table["runs"])} runs')
+  return len(table['runs'])
+
+
+def run_grid(config, name: str, root: str, results: str, log=run_lib.log_line) -> int:
+  """Every run of ``plan(name)`` not finished or claimed; returns how many this worker made."""
+  made = 0
+  for run_name, overrides in grid_lib.plan(name):
+    run_dir = os.path.join(root, run_name)
+    if os.path.exists(os.path.join(run_dir, run_lib.RESULT_FILE)):
+      continue
+    lock = grid_lib.claim(run_dir)
+    if lock is None:
+      continue
+    with lock:
+      run_lib.train_and_evaluate(grid_lib.apply_overrides(config, overrides), run_dir, log)
+    made += 1
+    write_results(root, results, log)
+  return made
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  if not FLAGS.workdir:
+    raise cli.ConfigError('--workdir is required.')
+  config = FLAGS.config
+  if FLAGS.collect_only:
+    write_results(FLAGS.workdir, FLAGS.results)
+    return
+  if not FLAGS.grid:
+    run_lib.train_and_evaluate(config, FLAGS.workdir)
+    return
+  try:
+    plan = grid_lib.plan(FLAGS.grid)
+  except ValueError as e:
+    raise cli.ConfigError(str(e)) from None
+  for _, overrides in plan:                       # every run's config, before any compute
+    run_lib.check_config(grid_lib.apply_overrides(config, overrides))
+  run_grid(config, FLAGS.grid, FLAGS.workdir, FLAGS.results)
+
+
+if __name__ == '__main__':
+  config_flags.DEFINE_config_file('config', 'configs/mqar.py', 'MQAR run config.',
+                                  lock_config=False)
+  flags.DEFINE_string('workdir', None, 'Run folder (with --grid: the grid folder).')
+  flags.DEFINE_string('grid', '', f'Run a grid of {sorted(grid_lib.GRIDS)} instead of one run.')
+  flags.DEFINE_string('results', 'results/mqar.json', 'Results file the grid rewrites.')
+  flags.DEFINE_bool('collect_only', False, 'Only rewrite --results from the finished runs.')
+  cli.run(main)

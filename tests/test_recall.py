@@ -1,0 +1,94 @@
+"""The recall command's parts (experiments/recall) on configs/mqar.py:quick: run, resume, grid."""
+
+import json
+import os
+
+import pytest
+
+from configs import mqar as mqar_config
+from experiments import mqar as mqar_cmd
+from experiments.common import cli
+from experiments.recall import grid
+from experiments.recall import methods
+from experiments.recall import run
+
+
+def quick(method='softmax'):
+  return mqar_config.get_config(f'quick,{method}')
+
+
+@pytest.mark.parametrize('method', methods.METHODS)
+def test_every_method_builds_with_n_features(method):
+  import jax  # pylint: disable=g-import-not-at-top
+  config = quick(method)
+  built = methods.build(config, jax.random.key_data(jax.random.key(0)))
+  if method == 'softmax':
+    assert built.model.attention == 'softmax'
+  else:
+    rows = config.model.num_features // (2 if method == 'hedgehog' else 1)
+    assert built.model.num_features == rows and built.model.orthogonal
+  assert (built.mimicry is not None) == (method == 'particles_softmax')
+
+
+def test_a_run_writes_its_row_and_resumes_from_its_checkpoint(tmp_path):
+  workdir = str(tmp_path / 'run')
+  config = quick('particles_softmax')
+  row = run.train_and_evaluate(config, workdir, log=lambda *_: None)
+  for field in grid.BINDING:
+    assert field in row
+  assert row['method'] == 'particles_softmax' and row['num_features'] == 8
+  assert 0.0 <= row['accuracy'] <= 1.0 and row['num_train'] == 4 * 4
+  # A finished run is not trained again; one killed after its last checkpoint resumes there.
+  logs = []
+  assert run.train_and_evaluate(config, workdir, log=logs.append) == row and not logs
+  os.remove(os.path.join(workdir, run.RESULT_FILE))
+  again = run.train_and_evaluate(config, workdir, log=logs.append)
+  assert any('resumed at step 4 of 4' in line for line in logs)
+  assert again['accuracy'] == row['accuracy'] and again['loss'] == pytest.approx(row['loss'])
+
+
+def test_a_workdir_of_another_config_is_refused(tmp_path):
+  workdir = str(tmp_path / 'run')
+  run.train_and_evaluate(quick(), workdir, log=lambda *_: None)
+  with pytest.raises(cli.ConfigError, match='another config'):
+    run.train_and_evaluate(quick('elu'), workdir)
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('method', 'lstm', 'config.method'),
+    ('model.num_features', 7, 'num_features must be even'),
+    ('data.num_pairs', 9, 'num_pairs'),
+    ('train.steps', 0, 'config.train.steps'),
+    ('particles.target', 'mse', 'config.particles.target'),
+    ('particles.beta', -1.0, 'config.particles.beta'),
+])
+def test_bad_config_fields_are_one_line_errors(field, value, match):
+  config = quick('hedgehog')
+  config = grid.apply_overrides(config, {field: value})
+  with pytest.raises(cli.ConfigError, match=match):
+    run.check_config(config)
+
+
+def test_the_grid_resumes_and_never_replaces_results_by_fewer(tmp_path):
+  root, results = str(tmp_path / 'grid'), str(tmp_path / 'mqar.json')
+  log = lambda *_: None
+  base = quick()
+  assert mqar_cmd.run_grid(base, 'tiny', root, results, log) == 2
+  with open(results) as f:
+    table = json.load(f)
+  assert table['vocab'] == 32 and table['num_train'] == 16
+  assert [r['method'] for r in table['runs']] == ['softmax', 'elu']
+  assert mqar_cmd.run_grid(base, 'tiny', root, results, log) == 0
+  os.remove(os.path.join(root, grid.run_name('elu', 16, 2, 16, 0), run.RESULT_FILE))
+  with pytest.raises(cli.ConfigError, match='refusing to replace it by fewer'):
+    mqar_cmd.write_results(root, results, log)
+  with open(results) as f:
+    assert json.load(f) == table
+
+
+def test_plan_is_cheapest_first_and_complete():
+  names = [name for name, _ in grid.plan('main')]
+  assert len(names) == len(set(names)) == 3 * 2 * 5 * 2
+  assert names[0] == 'softmax-L64-P4-w64-seed0' and names[4].startswith('particles_softmax-L64')
+  with pytest.raises(ValueError, match='--grid'):
+    grid.plan('huge')
