@@ -9,7 +9,7 @@ ball, no Langevin) and Vanilla-X (random particles) for the same seeds, all with
 the same Phase B epochs, and writes per dataset and map:
 
 * the Phase A diagnostics of the Kernel-X runs (``results.json['phase_a']``,
-  see ``experiments/run/stages.py``): medians over seeds of drift/noise,
+  see ``experiments/run/phase_a.py``): medians over seeds of drift/noise,
   repulsion/alignment, Gibbs tilt and displacements; means over seeds of the
   held-out alignment A and centered alignment ρ of the initial, ball-projected,
   learned and shuffled-label (null) particles;

@@ -48,8 +48,9 @@ config is refused.
 # assembly: data, model, optimisers, stages, results. The pieces live in
 # experiments/run/: train_config (config checks, data folder), run_folder (the workdir's files,
 # preflight checks, lock), checkpoints (orbax save/restore, the Phase B prefix),
-# sharding (the data mesh), summaries (TensorBoard), train_flags (the command line)
-# and stages (what each stage does); their public names that other code uses are
+# sharding (the data mesh), summaries (TensorBoard), train_flags (the command line),
+# stages (what a stage shares, Ball-X), phase_a, phase_b and evaluation (what each stage
+# does); their public names that other code uses are
 # importable from here too.
 
 import json
@@ -74,9 +75,12 @@ from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import models
 from coulomb_jax import training
 from experiments.run import checkpoints
+from experiments.run import evaluation
 from experiments.common import cli
 from experiments.common import progress
 from experiments.common import provenance
+from experiments.run import phase_a
+from experiments.run import phase_b
 from experiments.run import run_folder
 from experiments.run import sharding
 from experiments.run import stages
@@ -174,6 +178,24 @@ def schedule(config, num_layers: int) -> list:
                                  b_epochs=b.num_epochs, after_b_epochs=a.after_b_epochs)
 
 
+def run_stage(run: stages.Run, index: int) -> bool:
+  """Runs (or resumes) stage ``index``; False if the run must stop (out of time).
+
+  Phase B: ``phase_b.run_phase_b``; Phase A by ``run.kind``: Langevin
+  (``phase_a.run_phase_a``), the projection onto the ball (``stages.project_particles``)
+  or nothing."""
+  stage = run.stages[index]
+  if stage.phase == 'b':
+    return phase_b.run_phase_b(run, index, stage)
+  if run.kind == 'kernel':
+    return phase_a.run_phase_a(run, index, stage)
+  if run.kind == 'ball':
+    stages.project_particles(run, index, stage)
+  else:
+    run.ckpt.update(stage=stages.i32(index + 1), stage_step=stages.i32(0))
+  return True
+
+
 # ----------------------------------------------------------------------------- main loop
 
 def _log_config(config, workdir):
@@ -197,7 +219,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   try:
     run, sessions = setup_run(config, workdir, meta, stop_after_steps=stop_after_steps)
     for index in range(int(run.ckpt['stage']), len(run.stages)):
-      if not stages.run_stage(run, index) or (
+      if not run_stage(run, index) or (
           run.out_of_time() and index + 1 < len(run.stages)):
         return None
     return _finish(run, meta, sessions)
@@ -209,7 +231,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 def setup_run(config: ml_collections.ConfigDict, workdir: str, meta: dict, *,
               stop_after_steps: Optional[int] = None):
   """Checks, data, model, optimisers and the restored state of a run: ``(stages.Run,
-  sessions)``, ready for ``stages.run_stage`` from ``run.ckpt['stage']`` on.
+  sessions)``, ready for ``run_stage`` from ``run.ckpt['stage']`` on.
 
   Nothing is written before ``run_folder.preflight`` has passed; then the workdir is
   locked for this process (``run_folder.lock_workdir``; ``release_workdir`` lets go).
@@ -311,13 +333,13 @@ def _finish(run, meta, sessions) -> dict:
   if os.path.exists(os.path.join(run.workdir, checkpoints.PREFIX + '.json')):
     with open(os.path.join(run.workdir, checkpoints.PREFIX + '.json')) as f:
       results['prefix'] = json.load(f)   # Where the Phase B prefix was trained, and when.
-  phase_a = stages.phase_a_report(run.workdir) if run.kind == 'kernel' else None
-  if phase_a is not None:
-    results['phase_a'] = phase_a
+  phase_a_summary = phase_a.phase_a_report(run.workdir) if run.kind == 'kernel' else None
+  if phase_a_summary is not None:
+    results['phase_a'] = phase_a_summary
   for split in ('validation', 'test'):
-    results[split], probs = stages.evaluate(run.predict, best, run.encoded[split],
-                                            config.run.eval_batch_size, run.sharder, config,
-                                            with_probs=True)
+    results[split], probs = evaluation.evaluate(run.predict, best, run.encoded[split],
+                                                config.run.eval_batch_size, run.sharder, config,
+                                                with_probs=True)
     if run.chief:
       path = os.path.join(run.workdir, f'predictions_{split}.npz')
       with open(path + '.tmp', 'wb') as f:

@@ -159,7 +159,7 @@ def test_layer_step_moves_only_its_layers_particles_on_cached_inputs():
 def test_pooled_keys_table_holds_each_rows_phase_a_inputs():
   from configs import text
   from coulomb_jax import data
-  from experiments.run import stages
+  from experiments.run import evaluation
   from experiments import train
   rng = np.random.default_rng(0)
   ids = [rng.integers(1, VOCAB, size=n).astype(np.int32) for n in rng.integers(2, 16, size=11)]
@@ -172,8 +172,8 @@ def test_pooled_keys_table_holds_each_rows_phase_a_inputs():
   path = training.attention_paths(params)[1]
   inputs_fn = jax.jit(lambda p, b, paths: {k: training.phase_a_inputs(model, p, b)[k]
                                             for k in paths}, static_argnames='paths')
-  table = stages.pooled_keys(inputs_fn, params, encoded, [path], train.Sharder(),
-                             config)[path]
+  table = evaluation.pooled_keys(inputs_fn, params, encoded, [path], train.Sharder(),
+                                 config)[path]
   assert table.shape == (11, 2, 8)
   # The same rows in another batch, in file order, padded to 16.
   rows = next(data.batches(encoded, 11, pad_multiple=16))

@@ -3,5 +3,9 @@
 ``train_config`` (which configs are accepted, the data folder), ``train_flags`` (the
 command line, ``--list_fields``), ``run_folder`` (the workdir's files, preflight
 checks, lock), ``checkpoints`` (orbax save/restore, the Phase B prefix), ``sharding``
-(the data mesh), ``summaries`` (TensorBoard) and ``stages`` (what each stage does).
+(the data mesh), ``summaries`` (TensorBoard); the stages: ``stages`` (``Run``, what
+every stage shares, and Ball-X's projection), ``phase_a`` (Kernel-X's Langevin stage
+and what it records about its dynamics), ``phase_b`` (AdamW epochs, model selection)
+and ``evaluation`` (metrics, pooled keys: forward passes over a split). ``train.py``
+assembles them and dispatches each stage (``train.run_stage``).
 """

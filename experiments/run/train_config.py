@@ -37,28 +37,59 @@ def data_dir(config: ml_collections.ConfigDict) -> str:
 
 def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> None:
   """Raises one ValueError (``cli.ConfigError``) naming the field and its value; reads
-  nothing big."""
+  nothing big. The checks run in order: data, model, Phase A, then Phase B, batch
+  sizes and the run's fields, then the variant's fields; the first failing one is
+  reported."""
+  _check_data(config)
+  _check_model(config.model)
+  _check_phase_a(config)
+  m, a, b, r = config.model, config.phase_a, config.phase_b, config.run
+  if not isinstance(r.prefix_from, str):
+    _fail('run.prefix_from', r.prefix_from, "'' or a run folder")
+  for field in ('learning_rate', 'clip_norm'):
+    _positive(f'phase_b.{field}', b[field])
+  _positive('phase_b.weight_decay', b.weight_decay, allow_zero=True)
+  if not 0 <= b.warmup_fraction < 1:
+    _fail('phase_b.warmup_fraction', b.warmup_fraction, 'a number in [0, 1)')
+  _positive_int('phase_b.num_epochs', b.num_epochs)
+  for field, value in (('phase_a.batch_size', a.batch_size), ('phase_b.batch_size', b.batch_size),
+                       ('run.eval_batch_size', r.eval_batch_size)):
+    _positive_int(field, value)
+    if value % num_devices:
+      _fail(field, value, f'a multiple of the device count {num_devices}')
+  _positive_int('model.chunk_size', m.chunk_size, 0)
+  _positive('model.init_radius', m.init_radius, allow_zero=True)
+  _positive_int('run.log_every', r.log_every)
+  _positive_int('run.checkpoint_every', r.checkpoint_every, 0)
+  _positive_int('seed', config.seed, 0)
+  _check_variant(config, _fail)
 
-  def fail(field, value, expected):
-    raise cli.ConfigError(f'config.{field}: expected {expected}, got {value!r}.')
 
-  def positive_int(field, value, low=1):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-      fail(field, value, f'an integer ≥ {low}')
+def _fail(field, value, expected):
+  raise cli.ConfigError(f'config.{field}: expected {expected}, got {value!r}.')
 
-  def positive(field, value, allow_zero=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        value > 0 or (allow_zero and value == 0)) or math.isinf(value):
-      fail(field, value, 'a finite number ≥ 0' if allow_zero else 'a finite number > 0')
 
-  d, m, a, b, r = config.data, config.model, config.phase_a, config.phase_b, config.run
+def _positive_int(field, value, low=1):
+  if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    _fail(field, value, f'an integer ≥ {low}')
+
+
+def _positive(field, value, allow_zero=False):
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+      value > 0 or (allow_zero and value == 0)) or math.isinf(value):
+    _fail(field, value, 'a finite number ≥ 0' if allow_zero else 'a finite number > 0')
+
+
+def _check_data(config) -> None:
+  """``config.data``: the task, the data folder, the validation rule, lengths and limits."""
+  d = config.data
   if d.task not in data.TASKS:
-    fail('data.task', d.task, f'one of {data.TASKS}')
+    _fail('data.task', d.task, f'one of {data.TASKS}')
   if not isinstance(d.data_dir, str):
-    fail('data.data_dir', d.data_dir, "'' or a folder")
+    _fail('data.data_dir', d.data_dir, "'' or a folder")
   if not os.path.isdir(data_dir(config)):
     if d.data_dir:
-      fail('data.data_dir', d.data_dir, 'an existing folder with the data')
+      _fail('data.data_dir', d.data_dir, 'an existing folder with the data')
     where = (f'${DATA_ENV}={os.environ[DATA_ENV]!r}' if os.environ.get(DATA_ENV) else
              f'${DATA_ENV} is not set and ../shared/data next to the repository '
              f'({DEFAULT_DATA_DIR})')
@@ -66,86 +97,76 @@ def check_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> Non
                           f'--config.data.data_dir=FOLDER or {DATA_ENV}=FOLDER (layout: '
                           'coulomb_jax/data.py).')
   if d.vocab_file and not os.path.isfile(d.vocab_file):
-    fail('data.vocab_file', d.vocab_file, "'' or an existing vocab.txt")
-  positive_int('data.validation_size', d.validation_size)
+    _fail('data.vocab_file', d.vocab_file, "'' or an existing vocab.txt")
+  _positive_int('data.validation_size', d.validation_size)
   if d.validation_rule not in data.VALIDATION_RULES:
-    fail('data.validation_rule', d.validation_rule, f'one of {data.VALIDATION_RULES}')
+    _fail('data.validation_rule', d.validation_rule, f'one of {data.VALIDATION_RULES}')
   if d.validation_rule == 'sentences' and d.task != 'sst2':
-    fail('data.validation_rule', d.validation_rule, f"'rows' for task {d.task!r} (only sst2 "
+    _fail('data.validation_rule', d.validation_rule, f"'rows' for task {d.task!r} (only sst2 "
          f"has phrase-level rows)")
-  positive_int('data.max_length', d.max_length, 4)
-  positive_int('data.vocab_size', d.vocab_size, 16)
-  positive_int('data.pad_multiple', d.pad_multiple)
+  _positive_int('data.max_length', d.max_length, 4)
+  _positive_int('data.vocab_size', d.vocab_size, 16)
+  _positive_int('data.pad_multiple', d.pad_multiple)
   if d.max_length % d.pad_multiple:      # Padded batches must never exceed max_length.
-    fail('data.max_length', d.max_length, f'a multiple of data.pad_multiple={d.pad_multiple}')
-  positive_int('data.bucket_size', d.bucket_size)
-  positive_int('data.max_train_examples', d.max_train_examples, 0)
-  positive_int('data.max_eval_examples', d.max_eval_examples, 0)
+    _fail('data.max_length', d.max_length, f'a multiple of data.pad_multiple={d.pad_multiple}')
+  _positive_int('data.bucket_size', d.bucket_size)
+  _positive_int('data.max_train_examples', d.max_train_examples, 0)
+  _positive_int('data.max_eval_examples', d.max_eval_examples, 0)
+
+
+def _check_model(m) -> None:
+  """``config.model``: the attention, its feature map, and the sizes."""
   if m.attention not in models.ATTENTION_KINDS:
-    fail('model.attention', m.attention, f'one of {models.ATTENTION_KINDS}')
+    _fail('model.attention', m.attention, f'one of {models.ATTENTION_KINDS}')
   if m.feature_map not in features.ATTENTION_FEATURE_MAPS:
-    fail('model.feature_map', m.feature_map, f'one of {features.ATTENTION_FEATURE_MAPS}')
+    _fail('model.feature_map', m.feature_map, f'one of {features.ATTENTION_FEATURE_MAPS}')
   if m.qk_mode not in models.QK_MODES:
-    fail('model.qk_mode', m.qk_mode, f'one of {models.QK_MODES}')
+    _fail('model.qk_mode', m.qk_mode, f'one of {models.QK_MODES}')
   for field in ('num_features', 'width', 'num_layers', 'num_heads', 'ffn_dim',
                 'linformer_length'):
-    positive_int(f'model.{field}', m[field])
+    _positive_int(f'model.{field}', m[field])
   if m.width % m.num_heads:
-    fail('model.width', m.width, f'a multiple of model.num_heads={m.num_heads}')
+    _fail('model.width', m.width, f'a multiple of model.num_heads={m.num_heads}')
   if not 0 <= m.dropout_rate < 1:
-    fail('model.dropout_rate', m.dropout_rate, 'a number in [0, 1)')
+    _fail('model.dropout_rate', m.dropout_rate, 'a number in [0, 1)')
+
+
+def _check_phase_a(config) -> None:
+  """``config.phase_a`` (Langevin settings, schedule, calibration rules; given the model)."""
+  m, a, b = config.model, config.phase_a, config.phase_b
   if a.enabled and m.attention != 'kernel':
-    fail('phase_a.enabled', a.enabled, f"False for model.attention={m.attention!r}")
+    _fail('phase_a.enabled', a.enabled, f"False for model.attention={m.attention!r}")
   for field in ('step_size', 'beta', 'clip_norm', 'radius'):
-    positive(f'phase_a.{field}', a[field])
-  positive('phase_a.lam', a.lam, allow_zero=True)
-  positive('phase_a.softening', a.softening, allow_zero=True)
-  positive('phase_a.tolerance', a.tolerance, allow_zero=True)
+    _positive(f'phase_a.{field}', a[field])
+  _positive('phase_a.lam', a.lam, allow_zero=True)
+  _positive('phase_a.softening', a.softening, allow_zero=True)
+  _positive('phase_a.tolerance', a.tolerance, allow_zero=True)
   if a.riesz_s != 'coulomb':             # A string field: a number arrives as '1.0'.
     try:
       riesz_s = float(a.riesz_s)
     except (TypeError, ValueError):
       riesz_s = -1.0
     if not riesz_s >= 0:
-      fail('phase_a.riesz_s', a.riesz_s, "'coulomb' or a number ≥ 0 (as a string, e.g. '1.0')")
+      _fail('phase_a.riesz_s', a.riesz_s, "'coulomb' or a number ≥ 0 (as a string, e.g. '1.0')")
   elif a.enabled and m.width // m.num_heads < 2:
-    fail('phase_a.riesz_s', a.riesz_s, f'a number for head dimension '
+    _fail('phase_a.riesz_s', a.riesz_s, f'a number for head dimension '
          f'{m.width // m.num_heads} (coulomb is s = D_h − 2, D_h ≥ 2)')
-  positive_int('phase_a.num_epochs', a.num_epochs, 0)
+  _positive_int('phase_a.num_epochs', a.num_epochs, 0)
   if a.enabled and a.num_epochs == 0:
-    fail('phase_a.num_epochs', a.num_epochs, 'an integer ≥ 1 when phase_a.enabled')
+    _fail('phase_a.num_epochs', a.num_epochs, 'an integer ≥ 1 when phase_a.enabled')
   if a.schedule not in PHASE_A_SCHEDULES:
-    fail('phase_a.schedule', a.schedule, f'one of {PHASE_A_SCHEDULES}')
+    _fail('phase_a.schedule', a.schedule, f'one of {PHASE_A_SCHEDULES}')
   if a.schedule in ('after_b', 'alternating'):
-    positive_int('phase_a.after_b_epochs', a.after_b_epochs)
+    _positive_int('phase_a.after_b_epochs', a.after_b_epochs)
     if a.after_b_epochs >= b.num_epochs:
-      fail('phase_a.after_b_epochs', a.after_b_epochs, f'fewer than phase_b.num_epochs='
+      _fail('phase_a.after_b_epochs', a.after_b_epochs, f'fewer than phase_b.num_epochs='
            f'{b.num_epochs} (Phase B epochs must follow Phase A)')
   for field in ('relative_step', 'relative_lam', 'gibbs_tilt'):
-    positive(f'phase_a.{field}', a[field], allow_zero=True)
-  positive_int('phase_a.calibration_rows', a.calibration_rows, 2)
-  positive_int('phase_a.heldout_rows', a.heldout_rows, 2)
+    _positive(f'phase_a.{field}', a[field], allow_zero=True)
+  _positive_int('phase_a.calibration_rows', a.calibration_rows, 2)
+  _positive_int('phase_a.heldout_rows', a.heldout_rows, 2)
   if not isinstance(a.null_run, bool):
-    fail('phase_a.null_run', a.null_run, 'True or False')
-  if not isinstance(r.prefix_from, str):
-    fail('run.prefix_from', r.prefix_from, "'' or a run folder")
-  for field in ('learning_rate', 'clip_norm'):
-    positive(f'phase_b.{field}', b[field])
-  positive('phase_b.weight_decay', b.weight_decay, allow_zero=True)
-  if not 0 <= b.warmup_fraction < 1:
-    fail('phase_b.warmup_fraction', b.warmup_fraction, 'a number in [0, 1)')
-  positive_int('phase_b.num_epochs', b.num_epochs)
-  for field, value in (('phase_a.batch_size', a.batch_size), ('phase_b.batch_size', b.batch_size),
-                       ('run.eval_batch_size', r.eval_batch_size)):
-    positive_int(field, value)
-    if value % num_devices:
-      fail(field, value, f'a multiple of the device count {num_devices}')
-  positive_int('model.chunk_size', m.chunk_size, 0)
-  positive('model.init_radius', m.init_radius, allow_zero=True)
-  positive_int('run.log_every', r.log_every)
-  positive_int('run.checkpoint_every', r.checkpoint_every, 0)
-  positive_int('seed', config.seed, 0)
-  _check_variant(config, fail)
+    _fail('phase_a.null_run', a.null_run, 'True or False')
 
 
 def _check_variant(config, fail) -> None:
