@@ -12,7 +12,7 @@ ROOT = provenance.REPO_ROOT
 
 
 def test_repo_root_is_this_checkout():
-  assert os.path.isfile(os.path.join(ROOT, 'experiments', 'provenance.py'))
+  assert os.path.isfile(os.path.join(ROOT, 'experiments', 'common', 'provenance.py'))
   assert os.path.isfile(os.path.join(ROOT, 'configs', 'synthetic.py'))
 
 
