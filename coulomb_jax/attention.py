@@ -42,12 +42,14 @@ from coulomb_jax import attention_core
 from coulomb_jax import features
 from coulomb_jax import pallas_attention
 from coulomb_jax.attention_core import (DEFAULT_EPS, causal_linear_attention,
+                                        materialized_causal_linear_attention,
                                         check_fused_inputs, linear_attention)
 from coulomb_jax.attention_core import \
     xla_fused_causal_linear_attention as fused_causal_linear_attention
 
 __all__ = ['DEFAULT_EPS', 'IMPLEMENTATIONS', 'causal_linear_attention', 'check_fused_inputs',
-           'fused_causal_linear_attention', 'fused_linear_attention', 'linear_attention']
+           'fused_causal_linear_attention', 'fused_linear_attention', 'linear_attention',
+           'materialized_causal_linear_attention']
 
 IMPLEMENTATIONS = ('auto', 'xla', 'pallas')
 """``fused_linear_attention``'s paths (see its docstring)."""

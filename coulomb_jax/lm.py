@@ -74,6 +74,7 @@ class CausalLM(nn.Module):
     orthogonal: for ``'kernel'``, draw the initial particles block-orthogonally per head
       (FAVOR+'s orthogonal random features).
     chunk_size: for ``'kernel'``, the causal chunk of ``KernelAttention`` (None: its default).
+    causal_path: for ``'kernel'``, ``KernelAttention.causal_path`` (``'fused'``|``'materialized'``).
   """
   vocab_size: int
   max_len: int
@@ -86,6 +87,7 @@ class CausalLM(nn.Module):
   mlp_ratio: int = 2
   orthogonal: bool = False
   chunk_size: Optional[int] = None
+  causal_path: str = 'fused'
 
   def check(self, length: int) -> None:
     """The fields and the input length; one ``ValueError`` naming the culprit."""
@@ -110,7 +112,7 @@ class CausalLM(nn.Module):
     return functools.partial(models.KernelAttention, num_heads=self.num_heads,
                              feature_map=self.feature_map, num_features=self.num_features,
                              qk_mode='projected', causal=True, orthogonal=self.orthogonal,
-                             chunk_size=self.chunk_size)
+                             chunk_size=self.chunk_size, causal_path=self.causal_path)
 
   @nn.compact
   def __call__(self, tokens: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:

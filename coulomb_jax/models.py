@@ -35,6 +35,8 @@ from coulomb_jax import features
 from coulomb_jax import langevin
 
 QK_MODES = ('shared', 'projected')
+CAUSAL_PATHS = ('fused', 'materialized')
+"""``KernelAttention(causal=True)``'s paths: chunked and exact at any scale, or L×L matmuls."""
 ATTENTION_KINDS = ('kernel', 'softmax', 'linformer')
 
 
@@ -91,6 +93,10 @@ class KernelAttention(nn.Module):
     chunk_size: if set, ``attention.fused_linear_attention`` with chunks of this many
       tokens: the ``[B, L, H, M]`` features are never stored (long sequences); same
       outputs and gradients up to rounding. With ``causal``: the causal chunk.
+    causal_path: with ``causal``, ``'fused'`` (the default above) or ``'materialized'``:
+      ``attention.materialized_causal_linear_attention`` on ``features.attention_pair``'s
+      features, the L×L weights in matmuls (several times faster on CPU for short L; exact
+      unless a query's whole prefix underflows, see its docstring).
   """
   num_heads: int
   feature_map: str = 'favor'
@@ -100,6 +106,7 @@ class KernelAttention(nn.Module):
   causal: bool = False
   chunk_size: Optional[int] = None
   init_radius: Optional[float] = None
+  causal_path: str = 'fused'
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
@@ -136,7 +143,13 @@ class KernelAttention(nn.Module):
     self.sow('intermediates', 'mimicry_inputs', (q, k))
     q, k = q * scale, k * scale
     self.sow('intermediates', 'phase_a_inputs', masked_mean(k, mask, axis=1))
-    if self.causal:
+    if self.causal_path not in CAUSAL_PATHS:
+      raise ValueError(f'causal_path must be one of {CAUSAL_PATHS}, got {self.causal_path!r}.')
+    if self.causal and self.causal_path == 'materialized':
+      pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, self.feature_map, mask)
+      q_feat, k_feat = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, particles)
+      out = attention.materialized_causal_linear_attention(q_feat, k_feat, v, mask)
+    elif self.causal:
       out = attention.fused_causal_linear_attention(
           q, k, v, particles, feature_map=self.feature_map, key_mask=mask,
           chunk_size=16 if self.chunk_size is None else self.chunk_size)

@@ -220,3 +220,21 @@ def test_langevin_on_the_mimicry_force_lowers_the_attention_cross_entropy():
   for _ in range(3):
     state, _ = lm.train_step(state, data, settings, 'favor')
   assert ce(state.params) < before
+
+
+@pytest.mark.parametrize('feature_map', ['favor', 'elu', 'softmaxfeat'])
+def test_materialized_causal_path_equals_the_fused_one(feature_map):
+  from coulomb_jax import models  # pylint: disable=g-import-not-at-top
+  x = jax.random.normal(jax.random.key(0), (2, 12, 8))
+  mask = jnp.arange(12)[None, :] < jnp.array([[12], [7]])
+  fused = models.KernelAttention(2, feature_map, 6, qk_mode='projected', causal=True,
+                                 chunk_size=4)
+  mat = fused.clone(causal_path='materialized')
+  params = fused.init(jax.random.key(1), x, mask)
+  out_f, out_m = fused.apply(params, x, mask), mat.apply(params, x, mask)
+  np.testing.assert_allclose(out_m, out_f, rtol=2e-5, atol=2e-6)
+  grad = lambda m: jax.grad(lambda p: jnp.sum(m.apply(p, x, mask)[mask] ** 2))(params)
+  np.testing.assert_allclose(grad(mat)['params']['particles'],
+                             grad(fused)['params']['particles'], rtol=1e-4, atol=1e-6)
+  with pytest.raises(ValueError, match='causal_path'):
+    fused.clone(causal_path='dense').init(jax.random.key(1), x, mask)

@@ -53,7 +53,8 @@ def build(config, key: jax.Array) -> Method:
   feature_map = {'elu': 'elu', 'hedgehog': 'softmaxfeat'}.get(config.method, 'favor')
   model = lm.CausalLM(attention='kernel', feature_map=feature_map,
                       num_features=rows_per_head(config.method, m.num_features),
-                      orthogonal=True, chunk_size=m.chunk_size, **common)
+                      orthogonal=True, chunk_size=m.chunk_size,
+                      causal_path=m.causal_path, **common)
   if config.method == 'hedgehog':
     return Method(model, None, None, feature_map)
   if config.method in ('favor_orthogonal', 'elu'):

@@ -28,6 +28,7 @@ from flax import serialization
 from coulomb_jax import _checks
 from coulomb_jax import lm
 from coulomb_jax import mimicry
+from coulomb_jax import models
 from coulomb_jax import mqar
 from experiments.common import cli
 from experiments.common import provenance
@@ -50,6 +51,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for name in ('width', 'num_layers', 'num_heads', 'num_features', 'chunk_size'):
       _checks.check_int(f'config.model.{name}', m[name], 1)
     _checks.check_int('config.model.mlp_ratio', m.mlp_ratio, 0)
+    if m.causal_path not in models.CAUSAL_PATHS:
+      raise ValueError(f'config.model.causal_path must be one of {models.CAUSAL_PATHS}, '
+                       f'got {m.causal_path!r}.')
     if m.width % m.num_heads:
       raise ValueError(f'config.model.width must be divisible by config.model.num_heads='
                        f'{m.num_heads}, got {m.width}.')
