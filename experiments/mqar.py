@@ -9,8 +9,11 @@ One run trains ``coulomb_jax.lm.CausalLM`` with the attention method of ``config
 (``experiments/recall/grid.py``) goes to ``<workdir>/<run name>/``; start one worker per
 core with the same command (runs are claimed with a lock, finished ones skipped,
 unfinished ones resumed), and after each run the worker rewrites ``--results`` from all
-finished runs. ``--collect_only``: only that rewrite. The results file is never replaced
+finished runs. ``--collect_only``: only that rewrite (with ``--page=docs/recall.md``: also
+its figure and table, ``experiments/recall/page.py``). The results file is never replaced
 by one with fewer runs.
+
+  python -m experiments.mqar --workdir=workdir/mqar/main --collect_only --page=docs/recall.md
 """
 
 import json
@@ -26,6 +29,7 @@ from ml_collections import config_flags
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.recall import grid as grid_lib
+from experiments.recall import page as page_lib
 from experiments.recall import run as run_lib
 
 FLAGS = flags.FLAGS
@@ -73,6 +77,8 @@ def main(argv):
   config = FLAGS.config
   if FLAGS.collect_only:
     write_results(FLAGS.workdir, FLAGS.results)
+    if FLAGS.page:
+      page_lib.write_page(FLAGS.results, FLAGS.page, FLAGS.figure)
     return
   if not FLAGS.grid:
     run_lib.train_and_evaluate(config, FLAGS.workdir)
@@ -93,4 +99,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('grid', '', f'Run a grid of {sorted(grid_lib.GRIDS)} instead of one run.')
   flags.DEFINE_string('results', 'results/mqar.json', 'Results file the grid rewrites.')
   flags.DEFINE_bool('collect_only', False, 'Only rewrite --results from the finished runs.')
+  flags.DEFINE_string('page', '', 'With --collect_only: also redraw the figure and table of '
+                      'this page (docs/recall.md).')
+  flags.DEFINE_string('figure', 'docs/figures/recall_accuracy_vs_length.png',
+                      'The figure --page draws.')
   cli.run(main)

@@ -92,3 +92,19 @@ def test_plan_is_cheapest_first_and_complete():
   assert names[0] == 'softmax-L64-P4-w64-seed0' and names[4].startswith('particles_softmax-L64')
   with pytest.raises(ValueError, match='--grid'):
     grid.plan('huge')
+
+
+def test_the_page_keeps_its_text_and_redraws_its_table(tmp_path):
+  from experiments.recall import page  # pylint: disable=g-import-not-at-top
+  root, results = str(tmp_path / 'grid'), str(tmp_path / 'mqar.json')
+  mqar_cmd.run_grid(quick(), 'tiny', root, results, lambda *_: None)
+  doc, fig = str(tmp_path / 'recall.md'), str(tmp_path / 'figures' / 'recall.png')
+  with open(doc, 'w') as f:
+    f.write('# Recall\n\nThe answer in words.\n')
+  for _ in range(2):                                   # the second call replaces, not appends
+    page.write_page(results, doc, fig)
+  with open(doc) as f:
+    text = f.read()
+  assert text.startswith('# Recall\n\nThe answer in words.\n')
+  assert text.count(page.BEGIN) == 1 and text.count('| 16 | 2 | 16 | elu |') == 1
+  assert os.path.getsize(fig) > 1000

@@ -1,0 +1,86 @@
+r"""The figure and table of ``docs/recall.md`` from ``results/mqar.json``.
+
+``write_page(results, page, figure)`` draws accuracy at answer positions against sequence
+length (one line per method, one panel per width; seeds averaged, each seed a dot) and
+replaces the part of ``page`` between ``BEGIN`` and ``END`` with the table (one row per
+run, then the runs' commands and commits). The text outside the markers (the answer, in
+words) is kept as written.
+"""
+
+import collections
+import json
+import os
+
+import numpy as np
+
+from experiments.analysis import plots
+from experiments.common import provenance
+from experiments.recall import methods
+
+BEGIN = '<!-- mqar:begin (written by python -m experiments.mqar --page) -->'
+END = '<!-- mqar:end -->'
+
+
+def figure(table: dict, path: str) -> str:
+  plt = plots.pyplot()
+  widths = sorted({r['width'] for r in table['runs']})
+  fig, axes = plt.subplots(1, len(widths), figsize=(5 * len(widths), 3.6), squeeze=False)
+  for ax, width in zip(axes[0], widths):
+    for i, method in enumerate(methods.METHODS):
+      by_len = collections.defaultdict(list)
+      for r in table['runs']:
+        if r['width'] == width and r['method'] == method:
+          by_len[r['seq_len']].append(r['accuracy'])
+      if not by_len:
+        continue
+      xs = sorted(by_len)
+      style = '--' if method == 'softmax' else '-'
+      ax.plot(xs, [np.mean(by_len[x]) for x in xs], style, marker='o', color=f'C{i}',
+              label=method)
+      for x in xs:
+        ax.scatter([x] * len(by_len[x]), by_len[x], s=8, color=f'C{i}')
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('sequence length L (pairs = L/16)')
+    ax.set_ylabel('accuracy at answer positions')
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f'width {width}')
+    ax.legend(fontsize=7)
+  return plots.save(fig, path)
+
+
+def table_lines(table: dict) -> list:
+  lines = [f'Vocabulary {table["vocab"]}, {table["num_train"]} training sequences per run '
+           f'(fresh batches), N = num_features per head (0 for softmax).', '',
+           '| L | pairs | width | method | N | seed | accuracy | loss | train s |',
+           '|---|---|---|---|---|---|---|---|---|']
+  for r in table['runs']:
+    lines.append(f'| {r["seq_len"]} | {r["num_pairs"]} | {r["width"]} | {r["method"]} | '
+                 f'{r["num_features"]} | {r["seed"]} | {r["accuracy"]:.4f} | '
+                 f'{r.get("loss", float("nan")):.4f} | {r["train_seconds"]:.0f} |')
+  commits = sorted({r.get('commit', 'unknown') for r in table['runs']})
+  machines = sorted({json.dumps(r.get('machine', {}), sort_keys=True) for r in table['runs']})
+  commands = sorted({r.get('command', '') for r in table['runs']})
+  lines += ['', f'Commits of the runs: {", ".join(commits)}.',
+            'Commands (each grid worker ran the same one): '
+            + '; '.join(f'`{c}`' for c in commands) + '.',
+            'Machines: ' + '; '.join(machines) + '.']
+  return lines
+
+
+def write_page(results: str, page: str, figure_path: str) -> None:
+  with open(results) as f:
+    table = json.load(f)
+  figure(table, figure_path)
+  rel = os.path.relpath(figure_path, os.path.dirname(page))
+  block = [BEGIN, f'![accuracy against sequence length]({rel})', ''] + table_lines(table)
+  block.append(END)
+  text = ''
+  if os.path.exists(page):
+    with open(page) as f:
+      text = f.read()
+  if BEGIN in text and END in text:
+    head, rest = text.split(BEGIN, 1)
+    text = head + '\n'.join(block) + rest.split(END, 1)[1]
+  else:
+    text = text + ('\n' if text else '') + '\n'.join(block) + '\n'
+  provenance.write_atomic(page, text)
