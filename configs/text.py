@@ -53,7 +53,7 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   # Task name from coulomb_jax.data.TASKS.
   config.data.task = task
   # Folder with the offline copies (glue/, rotten_tomatoes/); '' = $COULOMB_JAX_DATA, else
-  # ../shared/data next to the repository (experiments.train.data_dir; layout in
+  # ../shared/data next to the repository (experiments.run.train_config.data_dir; layout in
   # coulomb_jax/data/__init__.py). A relative path is read from the current folder.
   config.data.data_dir = ''
   # Rows held out of train for validation where the task has no labelled validation split.

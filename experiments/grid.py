@@ -182,10 +182,10 @@ def check_flags(fv) -> tuple:
 
 def check_overrides(datasets, variants, overrides) -> None:
   """Loads every run's config with its ``--config.`` overrides and checks it
-  (``train.check_config``) before any run starts: one ``cli.ConfigError`` naming the
+  (``train_config.check_config``) before any run starts: one ``cli.ConfigError`` naming the
   dataset, variant and mistake (a misspelled field, a wrong type, a bad value)."""
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  from experiments import train  # pylint: disable=g-import-not-at-top
+  from experiments.run import train_config  # pylint: disable=g-import-not-at-top
   for dataset in datasets:
     args = [a for a in overrides_for(overrides, dataset) if a.startswith('--config.')]
     for variant in variants:
@@ -200,7 +200,7 @@ def check_overrides(datasets, variants, overrides) -> None:
       except (flags.Error, KeyError, AttributeError, OSError, TypeError, ValueError) as e:
         raise cli.ConfigError(f'{dataset} {variant}: {cli.one_line(e, argv)}') from None
       try:
-        train.check_config(config)
+        train_config.check_config(config)
       except ValueError as e:
         raise cli.ConfigError(f'{dataset} {variant}: {e}') from None
 

@@ -49,6 +49,8 @@ from experiments import grid
 from experiments.common import provenance
 from experiments.run import stages
 from experiments import train
+from experiments.run import run_folder
+from experiments.run import train_config
 
 _DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(grid.DATASETS)}.')
 _MAPS = flags.DEFINE_list('feature_maps', list(features.ATTENTION_FEATURE_MAPS),
@@ -72,8 +74,9 @@ def _config(dataset, feature_map):
 
 
 def _check_finished(run_dir):
-  if not os.path.exists(os.path.join(run_dir, train.RESULTS)):
-    raise ValueError(f'--trained_runs: {run_dir} has no {train.RESULTS} (not a finished run).')
+  if not os.path.exists(os.path.join(run_dir, run_folder.RESULTS)):
+    raise ValueError(f'--trained_runs: {run_dir} has no {run_folder.RESULTS} (not a finished '
+                     'run).')
 
 
 def trained_params(run_dir):
@@ -91,7 +94,7 @@ def drift_stats(config, encoded, vocab_size, num_batches, params=None):
   ``params``: the model's parameters (default: ``train.py``'s initialisation);
   their particles are projected onto the ball either way.
   """
-  train.check_config(config)
+  train_config.check_config(config)
   a, d = config.phase_a, config.data
   model = train.make_model(config, vocab_size)
   if params is None:

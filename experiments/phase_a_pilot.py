@@ -35,6 +35,7 @@ from experiments import grid
 from experiments.common import provenance
 from experiments.run import phase_a
 from experiments import train
+from experiments.run import checkpoints
 
 # Named settings: config.phase_a overrides on top of the Vanilla-X run's config.
 _LEARN = dict(relative_step=0.01, gibbs_tilt=1e3, relative_lam=0.0)
@@ -128,8 +129,8 @@ def main(argv):
   vanilla = {m: grid.run_dir(_RUNS.value, dataset, f'vanilla-{m}', _SEED.value)
              for m in _MAPS.value}
   for m, d in vanilla.items():
-    if not os.path.isdir(os.path.join(d, train.PREFIX)):
-      raise ValueError(f'--runs: {d} has no saved Phase B prefix ({train.PREFIX}/).')
+    if not os.path.isdir(os.path.join(d, checkpoints.PREFIX)):
+      raise ValueError(f'--runs: {d} has no saved Phase B prefix ({checkpoints.PREFIX}/).')
   rows = {}
   for name in _SETTINGS.value:
     for m in _MAPS.value:

@@ -45,13 +45,11 @@ is reported in one line and the previous one used; resuming with a different
 config is refused.
 """
 # (The docstring is --help's text.) This module is the entry point and the run's
-# assembly: data, model, optimisers, stages, results. The pieces live in
-# experiments/run/: train_config (config checks, data folder), run_folder (the workdir's files,
-# preflight checks, lock), checkpoints (orbax save/restore, the Phase B prefix),
-# sharding (the data mesh), summaries (TensorBoard), train_flags (the command line),
-# stages (what a stage shares, Ball-X), phase_a, phase_b and evaluation (what each stage
-# does); their public names that other code uses are
-# importable from here too.
+# assembly: data, model, optimisers, stages, results. The pieces live in experiments/run/:
+# train_config (config checks, data folder), run_folder (the workdir's files, preflight
+# checks, lock), checkpoints (orbax save/restore, the Phase B prefix), sharding (the data
+# mesh), summaries (TensorBoard), train_flags (the command line), stages (what a stage
+# shares, Ball-X), phase_a, phase_b and evaluation (what each stage does).
 
 import json
 import os
@@ -74,11 +72,11 @@ from coulomb_jax import data
 from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import models
 from coulomb_jax import training
-from experiments.run import checkpoints
-from experiments.run import evaluation
 from experiments.common import cli
 from experiments.common import progress
 from experiments.common import provenance
+from experiments.run import checkpoints
+from experiments.run import evaluation
 from experiments.run import phase_a
 from experiments.run import phase_b
 from experiments.run import run_folder
@@ -87,18 +85,6 @@ from experiments.run import stages
 from experiments.run import summaries
 from experiments.run import train_config
 from experiments.run import train_flags
-# pylint: disable=unused-import,g-multiple-import
-# Names other code and tests import from here; they live in the modules above.
-from experiments.run.checkpoints import CHECKPOINTS, PREFIX, UNREADABLE
-from experiments.run.run_folder import (FINGERPRINT, LOCK, RESULTS, TOKENIZER, WorkdirBusy,
-                                        data_fingerprint, lock_workdir, preflight,
-                                        release_workdir)
-from experiments.run.sharding import Sharder
-from experiments.run.train_config import (DATA_ENV, DEFAULT_DATA_DIR, PHASE_A_SCHEDULES,
-                                          check_config, data_dir)
-from experiments.run.train_flags import (define_flags, describe_fields, field_comments,
-                                         init_distributed)
-# pylint: enable=unused-import,g-multiple-import
 
 
 # ----------------------------------------------------------------------------- data

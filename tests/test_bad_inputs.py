@@ -27,6 +27,7 @@ from coulomb_jax import langevin
 from coulomb_jax import models
 from coulomb_jax import pallas_attention
 from coulomb_jax import parallel
+from experiments.run import train_config
 
 KEY = jax.random.key(0)
 W = jnp.ones((4, 3))                                      # [N, d] particles
@@ -527,12 +528,14 @@ def test_bad_command_line_ends_in_one_line_naming_the_value(program, argv, match
   from experiments.common import cli  # pylint: disable=g-import-not-at-top
   from experiments import grid  # pylint: disable=g-import-not-at-top
   from experiments import train  # pylint: disable=g-import-not-at-top
+  from experiments.run import train_flags  # pylint: disable=g-import-not-at-top
   module = {'train': train, 'grid': grid}[program]
+  define_flags = {'train': train_flags.define_flags, 'grid': grid.define_flags}[program]
   monkeypatch.delenv('COULOMB_JAX_DATA', raising=False)
   args = argv(str(tmp_path))
   monkeypatch.setattr(sys, 'argv', [f'{program}.py'] + args)   # config_flags reads sys.argv
   fv = flags.FlagValues()
-  module.define_flags(fv)
+  define_flags(fv)
   with pytest.raises(SystemExit) as info:                     # what cli.run does
     rest = cli.parse_flags(sys.argv, flag_values=fv)
     try:
@@ -549,7 +552,6 @@ def test_bad_command_line_ends_in_one_line_naming_the_value(program, argv, match
 
 def test_unset_data_folder_names_where_it_looked(tmp_path, monkeypatch):
   from configs import rotten_tomatoes  # pylint: disable=g-import-not-at-top
-  from experiments import train  # pylint: disable=g-import-not-at-top
   from experiments.run import train_config  # pylint: disable=g-import-not-at-top
   config = rotten_tomatoes.get_config('softmax')
   assert config.data.data_dir == ''
@@ -557,13 +559,13 @@ def test_unset_data_folder_names_where_it_looked(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r"^config\.data\.data_dir: not set, and "
                      r"\$COULOMB_JAX_DATA='.*missing' is not a folder; set "
                      r'--config\.data\.data_dir=FOLDER or COULOMB_JAX_DATA=FOLDER'):
-    train.check_config(config)
+    train_config.check_config(config)
   monkeypatch.delenv('COULOMB_JAX_DATA')
   monkeypatch.setattr(train_config, 'DEFAULT_DATA_DIR', str(tmp_path / 'shared' / 'data'))
   with pytest.raises(ValueError, match=r'^config\.data\.data_dir: not set, and '
                      r'\$COULOMB_JAX_DATA is not set and \.\./shared/data next to the '
                      r'repository \(.*/shared/data\) is not a folder'):
-    train.check_config(config)
+    train_config.check_config(config)
 
 
 def test_enough_cli_cases():

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from configs import text
+from experiments.run import train_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get('COULOMB_DATA_DIR', os.path.join(REPO, '..', 'shared', 'data'))
@@ -15,12 +16,11 @@ CONFIGS = {'sst2': 'sst2', 'rotten_tomatoes': 'rotten_tomatoes', 'qqp_subset': '
 @pytest.mark.parametrize('task', sorted(CONFIGS))
 @pytest.mark.parametrize('variant', text.VARIANTS + ('', 'quick', 'kernel-elu,quick'))
 def test_every_variant_passes_the_config_check(task, variant):
-  from experiments import train
   module = importlib.import_module(f'configs.{CONFIGS[task]}')
   config = module.get_config(variant)
   assert config.data.task == task
   config.data.data_dir = DATA_DIR if os.path.isdir(DATA_DIR) else REPO
-  train.check_config(config)
+  train_config.check_config(config)
   name = variant.split(',')[0] or 'kernel-favor'
   if name in ('quick',):
     name = 'kernel-favor'
@@ -52,16 +52,15 @@ def test_unknown_variants_are_refused(variant):
 
 
 def test_the_data_folder_defaults_to_the_environment_then_next_to_the_repository(monkeypatch):
-  from experiments import train
   config = text.get_text_config('sst2', 'softmax')
   assert config.data.data_dir == ''
   monkeypatch.setenv('COULOMB_JAX_DATA', '/data/here')
-  assert train.data_dir(config) == '/data/here'
+  assert train_config.data_dir(config) == '/data/here'
   monkeypatch.delenv('COULOMB_JAX_DATA')
   # Next to the repository, not the current folder.
-  assert train.data_dir(config) == os.path.join(os.path.dirname(REPO), 'shared', 'data')
+  assert train_config.data_dir(config) == os.path.join(os.path.dirname(REPO), 'shared', 'data')
   config.data.data_dir = 'relative/data'                # An explicit value is kept as is.
-  assert train.data_dir(config) == 'relative/data'
+  assert train_config.data_dir(config) == 'relative/data'
 
 
 def test_quick_is_a_small_run_that_learns():
@@ -87,7 +86,6 @@ def test_a_config_loads_by_path_from_another_folder(name, tmp_path):
 
 
 def test_learn_modifier_sets_the_learning_regime_and_passes_the_checks():
-  from experiments import train
   c = text.get_text_config('rotten_tomatoes', 'kernel-elu,learn')
   assert (c.phase_a.schedule, c.phase_a.relative_step, c.phase_a.gibbs_tilt,
           c.phase_a.relative_lam, c.phase_a.riesz_s) == ('after_b', 0.01, 1e3, 1.0, '0.0')
@@ -95,10 +93,10 @@ def test_learn_modifier_sets_the_learning_regime_and_passes_the_checks():
   c.phase_b.num_epochs = 5                      # the reference follows an override
   assert c.phase_a.after_b_epochs == 3
   c.data.data_dir = DATA_DIR if os.path.isdir(DATA_DIR) else REPO
-  train.check_config(c)
+  train_config.check_config(c)
   quick = text.get_text_config('rotten_tomatoes', 'vanilla-elu,learn,quick')
   assert quick.phase_a.after_b_epochs == 1 and quick.phase_b.num_epochs == 2
   quick.data.data_dir = c.data.data_dir
-  train.check_config(quick)
+  train_config.check_config(quick)
   # The paper's settings stay the default.
   assert text.get_text_config('rotten_tomatoes', 'kernel-elu').phase_a.schedule == 'joint'

@@ -6,6 +6,7 @@ import pytest
 from configs import text
 from coulomb_jax import data
 from experiments import phase_a_drift
+from experiments.run import run_folder
 
 
 def test_drift_statistics_are_consistent_and_scale_with_the_step_size():
@@ -57,7 +58,7 @@ def test_trained_params_round_trip_and_drift_on_given_params(tmp_path):
                     'best_params': params})
   with pytest.raises(ValueError, match=r'--trained_runs: .* \(not a finished run\)'):
     phase_a_drift.trained_params(run)
-  open(f'{run}/{train.RESULTS}', 'w').close()
+  open(f'{run}/{run_folder.RESULTS}', 'w').close()
   restored = phase_a_drift.trained_params(run)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(restored)):
     np.testing.assert_array_equal(a, b)

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from test_distributed import _mr_data
+from experiments.run import run_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, 'experiments', 'train.py')
@@ -145,14 +146,13 @@ def test_help_says_how_to_list_the_fields_and_list_fields_prints_them(tmp_path):
 
 
 def test_a_second_process_on_a_busy_workdir_exits_at_once_naming_the_holder(data_dir, tmp_path):
-  from experiments import train  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'w')
-  assert train.lock_workdir(workdir)                  # This process holds it.
+  assert run_folder.lock_workdir(workdir)                  # This process holds it.
   try:
     out = _run([TRAIN, f'--config={RT}:softmax,quick', f'--workdir={workdir}',
                 f'--config.data.data_dir={data_dir}', *_overrides()], cwd=str(tmp_path))
   finally:
-    train.release_workdir(workdir)
+    run_folder.release_workdir(workdir)
   assert out.returncode == 2
   assert out.stderr.splitlines()[-1].startswith(
       f"train: error: workdir '{workdir}' is in use by pid {os.getpid()} on host ")

@@ -15,6 +15,9 @@ from flax import traverse_util
 from coulomb_jax import hamiltonian
 from coulomb_jax import models
 from coulomb_jax import training
+from experiments.run import run_folder
+from experiments.run import sharding
+from experiments.run import train_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get('COULOMB_DATA_DIR', os.path.join(REPO, '..', 'shared', 'data'))
@@ -160,7 +163,6 @@ def test_pooled_keys_table_holds_each_rows_phase_a_inputs():
   from configs import text
   from coulomb_jax import data
   from experiments.run import evaluation
-  from experiments import train
   rng = np.random.default_rng(0)
   ids = [rng.integers(1, VOCAB, size=n).astype(np.int32) for n in rng.integers(2, 16, size=11)]
   encoded = data.Encoded(ids, [np.zeros_like(x) for x in ids],
@@ -172,7 +174,7 @@ def test_pooled_keys_table_holds_each_rows_phase_a_inputs():
   path = training.attention_paths(params)[1]
   inputs_fn = jax.jit(lambda p, b, paths: {k: training.phase_a_inputs(model, p, b)[k]
                                             for k in paths}, static_argnames='paths')
-  table = evaluation.pooled_keys(inputs_fn, params, encoded, [path], train.Sharder(),
+  table = evaluation.pooled_keys(inputs_fn, params, encoded, [path], sharding.Sharder(),
                                  config)[path]
   assert table.shape == (11, 2, 8)
   # The same rows in another batch, in file order, padded to 16.
@@ -277,14 +279,13 @@ def test_bad_config_fails_before_any_compute(field, value, tmp_path):
     ('variant', 'nonsense', 'one of')])
 def test_config_checks_catch_inconsistent_fields(field, value, match):
   from experiments.run import run_folder
-  from experiments import train
   config = _config(**({} if field == 'variant' else {field: value}))
   if field == 'variant':
     config.variant = value
   with pytest.raises(ValueError, match=f'config.{field}: expected .*{match}'):
-    train.check_config(config)
+    train_config.check_config(config)
   config = _config(**{'phase_a.riesz_s': '1.0'})    # a number, as the command line gives it
-  train.check_config(config)
+  train_config.check_config(config)
   # A run saved before data.validation_rule existed resumes as the rule it used.
   saved = run_folder.saved_config(_config())
   del saved['data']['validation_rule']
@@ -292,16 +293,15 @@ def test_config_checks_catch_inconsistent_fields(field, value, match):
 
 
 def test_phase_a_on_softmax_attention_is_refused():
-  from experiments import train
   config = _config(**{'model.attention': 'softmax'})
   with pytest.raises(ValueError, match='config.phase_a.enabled'):
-    train.check_config(config)
+    train_config.check_config(config)
 
 
 _SHARDED = r'''
 import jax, jax.numpy as jnp, numpy as np
 from coulomb_jax import models, training
-from experiments import train
+from experiments.run import sharding
 assert jax.device_count() == 8
 model = models.EncoderClassifier(vocab_size=40, max_length=16, width=16, num_heads=2,
                                  ffn_dim=16, num_features=8, dropout_rate=0.1, num_layers=1)
@@ -323,7 +323,7 @@ step_a = jax.jit(training.make_phase_a_step(model, opt_a, feature_map='favor', l
                                             s='coulomb', softening=0.5))
 step_b = jax.jit(training.make_phase_b_step(model, opt_b))
 def trajectory(devices):
-  sh = train.Sharder(devices)
+  sh = sharding.Sharder(devices)
   st = training.TrainState(jnp.zeros([], jnp.int32), sh.replicate(params),
                            sh.replicate(opt_a.init(params)))
   out = []
@@ -505,7 +505,7 @@ def test_a_workdir_whose_data_changed_is_refused_and_left_as_it_was(tmp_path):
   data_dir = _mr_data(str(tmp_path / 'data'))
   workdir = str(tmp_path / 'run')
   results = train.train_and_evaluate(_tiny(data_dir, **{'phase_b.num_epochs': 1}), workdir)
-  stored = json.load(open(os.path.join(workdir, train.FINGERPRINT)))
+  stored = json.load(open(os.path.join(workdir, run_folder.FINGERPRINT)))
   assert stored['files'] == results['fingerprint'] and set(stored['files']) == {
       'rotten_tomatoes/rt-polarity.neg', 'rotten_tomatoes/rt-polarity.pos', 'tokenizer.json'}
   before = _snapshot(workdir)
