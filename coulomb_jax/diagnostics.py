@@ -11,6 +11,9 @@ cloud (Kozachenko–Leonenko), ``free_energy`` combines it with the energy,
 ``sliced_wasserstein`` measures how far two clouds (e.g. runs with N and 2N
 particles) are apart, and ``kernel_spread`` measures how much the learned
 kernel matrix changes from seed to seed (it should shrink as N or β grows).
+``particle_diversity`` (``top_direction_share``, ``effective_rank``,
+``min_pairwise_distance``) says whether a cloud stays spread or collapses onto a few
+directions, per particle set ``[..., N, d]`` (e.g. one per attention head).
 
 All functions return float32 (or wider) scalars and are jit-able; the integer
 arguments (``k``, ``num_projections``) are static.
@@ -183,3 +186,58 @@ def kernel_spread(phis: jax.Array) -> jax.Array:
     raise ValueError(f'phis must have shape [S, n, F] with S, n, F >= 1, got {phis.shape}.')
   phis = jnp.asarray(phis, _compute_dtype(phis))
   return kernel_spread_from_kernels(jnp.einsum('snf,smf->snm', phis, phis))
+
+
+# ----------------------------------------------------------------------------- diversity
+
+def _centred_singular_values(omega: jax.Array) -> jax.Array:
+  """σ ``[..., min(N, d)]`` of the centred cloud ω_i − ω̄ (``omega: [..., N, d]``)."""
+  _checks.check_min_rank('omega', omega, 2)
+  x = jnp.asarray(omega, _compute_dtype(omega))
+  x = x - jnp.mean(x, axis=-2, keepdims=True)
+  return jnp.linalg.svd(x, compute_uv=False)
+
+
+def top_direction_share(omega: jax.Array) -> jax.Array:
+  r"""σ₁² / Σ_k σ_k² ``[...]``: the share of the cloud's variance along its top direction.
+
+  σ the singular values of the centred particles (the eigenvalues of the cloud's
+  covariance are σ²/N). 1/d for an isotropic cloud, 1 for particles on one line; 0 for a
+  cloud of one point (no variance).
+  """
+  sq = jnp.square(_centred_singular_values(omega))
+  total = jnp.sum(sq, axis=-1)
+  return jnp.where(total > 0, sq[..., 0] / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def effective_rank(omega: jax.Array) -> jax.Array:
+  r"""exp(−Σ_k p_k log p_k), p_k = σ_k / Σ_j σ_j ``[...]`` (Roy & Vetterli 2007).
+
+  σ the singular values of the centred particles: between 1 (one line) and min(N, d)
+  (equal spread in every direction); 1 for a cloud of one point.
+  """
+  sv = _centred_singular_values(omega)
+  total = jnp.sum(sv, axis=-1, keepdims=True)
+  p = sv / jnp.where(total > 0, total, 1.0)
+  ent = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
+  return jnp.exp(ent)
+
+
+def min_pairwise_distance(omega: jax.Array) -> jax.Array:
+  """min_{i<j} ‖ω_i − ω_j‖ ``[...]`` (N ≥ 2 particles), from the Gram matrix."""
+  _checks.check_min_rank('omega', omega, 2)
+  if omega.shape[-2] < 2:
+    raise ValueError(f'omega must hold at least 2 particles, got shape {omega.shape}.')
+  x = jnp.asarray(omega, _compute_dtype(omega))
+  diff = x[..., :, None, :] - x[..., None, :, :]
+  sq = jnp.sum(diff * diff, axis=-1)
+  n = omega.shape[-2]
+  sq = jnp.where(jnp.eye(n, dtype=bool), jnp.inf, sq)
+  return jnp.sqrt(jnp.min(sq, axis=(-2, -1)))
+
+
+def particle_diversity(omega: jax.Array) -> dict:
+  """``{'top_direction_share', 'effective_rank', 'min_pairwise_distance'}``, each ``[...]``."""
+  return {'top_direction_share': top_direction_share(omega),
+          'effective_rank': effective_rank(omega),
+          'min_pairwise_distance': min_pairwise_distance(omega)}

@@ -214,3 +214,31 @@ def test_bad_input():
     diagnostics.kernel_spread(jnp.ones((0, 4, 3)))
   with pytest.raises(ValueError, match='kernels must have shape'):
     diagnostics.kernel_spread_from_kernels(jnp.ones((2, 3, 4)))
+
+
+def test_diversity_of_a_line_an_isotropic_cross_and_one_point():
+  d = 4
+  line = jnp.outer(jnp.arange(6.0), jnp.array([1.0, 2.0, 0.0, -1.0]))        # on one line
+  cross = jnp.concatenate([jnp.eye(d), -jnp.eye(d)]) * 3.0                      # ±3 e_i
+  both = jnp.stack([cross, 2.0 * cross])                                        # [2, 8, 4]
+  out = diagnostics.particle_diversity(line)
+  np.testing.assert_allclose(out['top_direction_share'], 1.0, rtol=1e-5)
+  np.testing.assert_allclose(out['effective_rank'], 1.0, rtol=1e-4)
+  np.testing.assert_allclose(out['min_pairwise_distance'], math.sqrt(6.0), rtol=1e-5)
+  out = diagnostics.particle_diversity(both)
+  np.testing.assert_allclose(out['top_direction_share'], [1 / d, 1 / d], rtol=1e-5)
+  np.testing.assert_allclose(out['effective_rank'], [d, d], rtol=1e-5)
+  np.testing.assert_allclose(out['min_pairwise_distance'], [3 * math.sqrt(2), 6 * math.sqrt(2)],
+                             rtol=1e-5)
+  point = jnp.ones((3, d))
+  assert float(diagnostics.top_direction_share(point)) == 0.0
+  assert float(diagnostics.effective_rank(point)) == 1.0
+  with pytest.raises(ValueError, match='at least 2 particles'):
+    diagnostics.min_pairwise_distance(jnp.ones((1, d)))
+
+
+def test_min_pairwise_distance_matches_brute_force():
+  omega = np.asarray(jax.random.normal(jax.random.key(0), (9, 5)))
+  want = min(np.linalg.norm(omega[i] - omega[j]) for i in range(9) for j in range(i + 1, 9))
+  np.testing.assert_allclose(diagnostics.min_pairwise_distance(jnp.asarray(omega)), want,
+                             rtol=1e-5)
