@@ -91,9 +91,10 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
       ``attention_core.xla_fused_linear_attention``), ``'pallas'``
       (``pallas_attention.pallas_linear_attention``: two GPU kernels for the
       forward pass, interpret mode elsewhere; ``chunk_size`` unused) or
-      ``'auto'``: the kernels where ``pallas_attention.use_by_default`` says
-      so (a single-device GPU, a supported map and shape, kernels that
-      compile), else ``'xla'``.
+      ``'auto'``: decided by the platform the program is lowered for
+      (``jax.lax.platform_dependent``), not by the host: the kernels for cuda when the
+      map and shape suit them (and, on a GPU host, ``pallas_attention.use_by_default``:
+      one device, kernels that compile), ``'xla'`` for CPU, TPU and everything else.
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f'implementation must be one of {IMPLEMENTATIONS}, got '
@@ -101,11 +102,31 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
   check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
   _checks.check_int('chunk_size', chunk_size, 1)
   attention_core.check_eps(eps)
-  if implementation == 'pallas' or (
-      implementation == 'auto' and jax.default_backend() == 'gpu'
-      and pallas_attention.use_by_default(q, k, v, omega, feature_map, key_mask)):
+  if implementation == 'pallas':
     return pallas_attention.pallas_linear_attention(q, k, v, omega, feature_map=feature_map,
                                                     key_mask=key_mask, eps=eps)
-  return attention_core.xla_fused_linear_attention(
-      q, k, v, omega, feature_map=feature_map, key_mask=key_mask, chunk_size=chunk_size,
-      eps=eps)
+  masks = () if key_mask is None else (key_mask,)
+  xla = lambda q, k, v, omega, *m: attention_core.xla_fused_linear_attention(
+      q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None,
+      chunk_size=chunk_size, eps=eps)
+  if implementation == 'xla' or not _auto_may_take_kernels(q, k, v, omega, feature_map,
+                                                           key_mask):
+    return xla(q, k, v, omega, *masks)
+  kernels = lambda q, k, v, omega, *m: pallas_attention.pallas_linear_attention(
+      q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None, eps=eps,
+      interpret=False)
+  # The platform the program is lowered for decides, not the host: a CPU host lowering
+  # (or exporting) for cuda gets the kernels, CPU and TPU get the XLA path.
+  return jax.lax.platform_dependent(q, k, v, omega, *masks, cuda=kernels, default=xla)
+
+
+def _auto_may_take_kernels(q, k, v, omega, feature_map, key_mask) -> bool:
+  """Whether ``'auto'`` offers the GPU kernels (static, at trace time).
+
+  The map and the shape must suit the default blocks; on a GPU host also
+  ``pallas_attention.use_by_default`` (one device, kernels that compile). On any other
+  host the kernels are offered to a cuda lowering only (``lax.platform_dependent``).
+  """
+  if jax.default_backend() == 'gpu':
+    return pallas_attention.use_by_default(q, k, v, omega, feature_map, key_mask)
+  return pallas_attention.shape_supported(q.shape, v.shape, omega.shape, feature_map)

@@ -75,3 +75,26 @@ def test_pallas_forward_lowers_to_a_triton_call_for_cuda():
       q, q, q, om, feature_map='favor', interpret=False)
   text = jax.jit(f).trace(q, omega).lower(lowering_platforms=('cuda',)).as_text()
   assert '__gpu$xla.gpu.triton' in text
+
+
+@pytest.mark.parametrize('masked', [False, True])
+def test_auto_takes_the_kernels_by_the_lowering_platform_not_the_host(masked):
+  from coulomb_jax import attention  # pylint: disable=g-import-not-at-top
+  from coulomb_jax import attention_core  # pylint: disable=g-import-not-at-top
+  q = 0.5 * jax.random.normal(jax.random.key(0), (1, 32, 2, 16))
+  omega = jax.random.normal(jax.random.key(1), (2, 64, 16))
+  mask = (jnp.arange(32)[None] < 20) if masked else None
+  f = lambda q, om: attention.fused_linear_attention(q, q, q, om, key_mask=mask)
+  lowered = {p: jax.jit(f).trace(q, omega).lower(lowering_platforms=(p,)).as_text()
+             for p in ('cuda', 'tpu', 'cpu')}
+  assert '__gpu$xla.gpu.triton' in lowered['cuda']
+  assert 'triton' not in lowered['tpu'] and 'triton' not in lowered['cpu']
+  # Run here (CPU), 'auto' is the XLA path exactly.
+  want = attention_core.xla_fused_linear_attention(q, q, q, omega, feature_map='favor',
+                                                   key_mask=mask)
+  assert jnp.array_equal(jax.jit(f)(q, omega), want)
+  # A shape the kernels do not take (head dim 8) is XLA for every platform.
+  small = lambda q, om: attention.fused_linear_attention(q, q, q, om)
+  text = jax.jit(small).trace(q[..., :8], omega[..., :8]).lower(
+      lowering_platforms=('cuda',)).as_text()
+  assert 'triton' not in text

@@ -21,12 +21,13 @@ Written against the Triton backend of ``jax.experimental.pallas``. On a CPU
 (tests) the kernels run in Pallas interpret mode, with float32 dots.
 
 Layout: this package is the public module; it re-exports the names above from
-``bidirectional`` (the key and query kernels, ``use_by_default``) and ``causal``
+``bidirectional`` (the key and query kernels, ``use_by_default``, ``shape_supported``) and ``causal``
 (the chunked kernel), and both build on ``core``: the feature maps, the float32
 dots, the input plumbing, the checked block sizes, the interpret default and the
 kernels-forward / XLA-backward wrapper.
 """
 
-from coulomb_jax.pallas_attention.bidirectional import pallas_linear_attention, use_by_default
+from coulomb_jax.pallas_attention.bidirectional import (pallas_linear_attention, shape_supported,
+                                                     use_by_default)
 from coulomb_jax.pallas_attention.causal import pallas_causal_linear_attention
 from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS

@@ -360,7 +360,7 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
   return _attend(q, k, v, omega, key_mask, options)
 
 
-def _shape_supported(q_shape, v_shape, omega_shape, feature_map) -> bool:
+def shape_supported(q_shape, v_shape, omega_shape, feature_map) -> bool:
   """Whether the default blocks fit: Triton dots need power-of-two sides ≥ 16."""
   pow2 = lambda x: x >= 16 and not x & (x - 1)
   return (feature_map in PALLAS_FEATURE_MAPS and pow2(q_shape[-1]) and pow2(v_shape[-1])
@@ -392,7 +392,7 @@ def use_by_default(q, k, v, omega, feature_map, key_mask=None, *, interpret=Fals
   """
   if not interpret and (jax.default_backend() != 'gpu' or jax.device_count() != 1):
     return False
-  if not _shape_supported(q.shape, v.shape, omega.shape, feature_map):
+  if not shape_supported(q.shape, v.shape, omega.shape, feature_map):
     return False
   spec = lambda a: None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype)
   return _compiles(spec(q), spec(k), spec(v), spec(omega), spec(key_mask), feature_map,
