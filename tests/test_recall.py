@@ -38,6 +38,10 @@ def test_a_run_writes_its_row_and_resumes_from_its_checkpoint(tmp_path):
     assert field in row
   assert row['method'] == 'particles_softmax' and row['num_features'] == 8
   assert 0.0 <= row['accuracy'] <= 1.0 and row['num_train'] == 4 * 4
+  div = row['diversity']
+  assert set(div['initial']) == set(div['final']) == {'block_0'}
+  assert 1.0 <= div['final']['block_0']['effective_rank'] <= 8.0   # ≤ min(M, D_h) = 8
+  assert div['final'] == run.checkpoint_diversity(workdir)
   # A finished run is not trained again; one killed after its last checkpoint resumes there.
   logs = []
   assert run.train_and_evaluate(config, workdir, log=logs.append) == row and not logs

@@ -102,6 +102,7 @@ def results_file(rows: List[dict]) -> dict:
     if len(values) > 1:
       raise ValueError(f'runs disagree on {field}: {values}; one results file holds one setting.')
   runs = [dict({k: r[k] for k in BINDING},
-               **{k: r[k] for k in ('loss', 'steps', 'command', 'commit', 'machine') if k in r})
+               **{k: r[k] for k in ('loss', 'steps', 'diversity', 'command', 'commit',
+                                    'machine') if k in r})
           for r in rows]
   return {'vocab': rows[0]['vocab'], 'num_train': rows[0]['num_train'], 'runs': runs}

@@ -57,6 +57,19 @@ def table_lines(table: dict) -> list:
     lines.append(f'| {r["seq_len"]} | {r["num_pairs"]} | {r["width"]} | {r["method"]} | '
                  f'{r["num_features"]} | {r["seed"]} | {r["accuracy"]:.4f} | '
                  f'{r.get("loss", float("nan")):.4f} | {r["train_seconds"]:.0f} |')
+  diverse = [r for r in table['runs'] if r.get('diversity')]
+  if diverse:
+    lines += ['', 'Particle diversity per layer (mean over heads; initial → final): share of the '
+              "cloud's variance in its top direction, effective rank, smallest pairwise distance.",
+              '', '| L | width | method | seed | layer | top share | effective rank | min distance |',
+              '|---|---|---|---|---|---|---|---|']
+    for r in diverse:
+      for layer, final in r['diversity']['final'].items():
+        init = r['diversity']['initial'][layer]
+        cell = lambda k: f'{init[k]:.3f} → {final[k]:.3f}'
+        lines.append(f'| {r["seq_len"]} | {r["width"]} | {r["method"]} | {r["seed"]} | '
+                     f'{layer} | {cell("top_direction_share")} | {cell("effective_rank")} | '
+                     f'{cell("min_pairwise_distance")} |')
   commits = sorted({r.get('commit', 'unknown') for r in table['runs']})
   machines = sorted({json.dumps(r.get('machine', {}), sort_keys=True) for r in table['runs']})
   commands = sorted({r.get('command', '') for r in table['runs']})

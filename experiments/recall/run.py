@@ -7,7 +7,8 @@ r"""One MQAR run: check the config, train (resuming from the last checkpoint), e
   written to a temporary file and renamed (a killed run loses at most that many steps);
 * ``result.json``: the binding row of ``results/mqar.json`` (seq_len, num_pairs, width,
   method, num_features, seed, accuracy, train_seconds) plus loss, steps, vocab, num_train
-  and provenance. A finished run is not trained again.
+  and provenance, and for the kernel methods the particles' diversity at initialisation and
+  at the end (``particle_diversity``). A finished run is not trained again.
 
 Training batches: step t draws ``mqar_batch(fold_in(k_train, t), batch_size, ...)``, so
 every step sees fresh sequences and ``num_train = steps · batch_size``; the evaluation
@@ -26,6 +27,7 @@ import numpy as np
 from flax import serialization
 
 from coulomb_jax import _checks
+from coulomb_jax import diagnostics
 from coulomb_jax import lm
 from coulomb_jax import mimicry
 from coulomb_jax import models
@@ -132,6 +134,31 @@ def evaluate(params, model, config, key) -> dict:
   return {'loss': totals[0] / count, 'accuracy': totals[1] / count}
 
 
+def particle_diversity(params) -> dict:
+  """``{block: {diagnostic: mean over heads}}`` of every layer's particles (empty: softmax).
+
+  ``diagnostics.particle_diversity``: top-direction variance share, effective rank and
+  smallest pairwise distance of each head's particle set, averaged over the heads.
+  """
+  out = {}
+  for block in sorted(params, key=lambda b: (len(b), b)):
+    attn = params[block].get('attn', {}) if isinstance(params[block], dict) else {}
+    if 'particles' in attn:
+      stats = diagnostics.particle_diversity(jnp.asarray(attn['particles']))
+      out[block] = {k: round(float(jnp.mean(v)), 4) for k, v in stats.items()}
+  return out
+
+
+def checkpoint_diversity(workdir: str) -> dict:
+  """``particle_diversity`` of the particles in ``workdir``'s checkpoint ({} if none)."""
+  path = os.path.join(workdir, CHECKPOINT_FILE)
+  if not os.path.exists(path):
+    return {}
+  with open(path, 'rb') as f:
+    blob = serialization.msgpack_restore(f.read())
+  return particle_diversity(blob['state']['params'])
+
+
 def result_row(config, metrics: dict, seconds: float) -> dict:
   """The binding fields of a ``results/mqar.json`` run, then the rest."""
   d = config.data
@@ -165,6 +192,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
                         learning_rate=config.train.learning_rate,
                         weight_decay=config.train.weight_decay,
                         particle_tx=method.particle_tx)
+  initial_diversity = particle_diversity(jax.device_get(state.params))
   state, step, seconds = _restore(workdir, state)
   if step:
     log(f'{workdir}: resumed at step {step} of {config.train.steps}')
@@ -183,6 +211,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
       _save(workdir, state, step, seconds)
   metrics = evaluate(state.params, method.model, config, keys['eval'])
   row = dict(result_row(config, metrics, seconds), **provenance.run_metadata('experiments.mqar'))
+  if initial_diversity:
+    row['diversity'] = {'initial': initial_diversity,
+                        'final': particle_diversity(jax.device_get(state.params))}
   provenance.write_json_atomic(result_path, row, indent=2)
   log(f'{workdir}: accuracy {row["accuracy"]:.4f} ({row["train_seconds"]} s)')
   return row
