@@ -53,7 +53,11 @@ def write_results(root: str, path: str, log=run_lib.log_line) -> int:
 
 
 def run_grid(config, name: str, root: str, results: str, log=run_lib.log_line) -> int:
-  """Every run of ``plan(name)`` not finished or claimed; returns how many this worker made."""
+  """Every run of ``plan(name)`` not finished or claimed; returns how many this worker made.
+
+  Each result records the command and commit of this worker's start (the code it runs).
+  """
+  metadata = provenance.run_metadata('experiments.mqar')
   made = 0
   for run_name, overrides in grid_lib.plan(name):
     run_dir = os.path.join(root, run_name)
@@ -63,7 +67,8 @@ def run_grid(config, name: str, root: str, results: str, log=run_lib.log_line) -
     if lock is None:
       continue
     with lock:
-      run_lib.train_and_evaluate(grid_lib.apply_overrides(config, overrides), run_dir, log)
+      run_lib.train_and_evaluate(grid_lib.apply_overrides(config, overrides), run_dir, log,
+                                 metadata)
     made += 1
     write_results(root, results, log)
   return made

@@ -19,6 +19,7 @@ Accuracy is over answer positions only (every key queried once per sequence).
 import json
 import os
 import time
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -176,8 +177,14 @@ def log_line(message: str) -> None:
   print(message, flush=True)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_line) -> dict:
-  """Trains one run in ``workdir`` (resuming), evaluates it, writes ``result.json``."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_line,
+                       metadata: Optional[dict] = None) -> dict:
+  """Trains one run in ``workdir`` (resuming), evaluates it, writes ``result.json``.
+
+  ``metadata``: the command, commit, date and machine to record (``provenance.run_metadata``
+  taken when the process started, which is the code it runs); None: taken now.
+  """
+  metadata = metadata or provenance.run_metadata('experiments.mqar')
   check_config(config)
   _check_workdir(config, workdir)
   result_path = os.path.join(workdir, RESULT_FILE)
@@ -210,7 +217,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
     if step % t.checkpoint_every == 0 or step == t.steps:
       _save(workdir, state, step, seconds)
   metrics = evaluate(state.params, method.model, config, keys['eval'])
-  row = dict(result_row(config, metrics, seconds), **provenance.run_metadata('experiments.mqar'))
+  row = dict(result_row(config, metrics, seconds), **metadata)
   if initial_diversity:
     row['diversity'] = {'initial': initial_diversity,
                         'final': particle_diversity(jax.device_get(state.params))}
