@@ -45,6 +45,7 @@ def figure(table: dict, path: str) -> str:
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f'width {width}')
     ax.legend(fontsize=7)
+  fig.tight_layout()
   return plots.save(fig, path)
 
 
