@@ -9,9 +9,9 @@ One run trains ``coulomb_jax.lm.CausalLM`` with the attention method of ``config
 (``experiments/recall/grid.py``) goes to ``<workdir>/<run name>/``; start one worker per
 core with the same command (runs are claimed with a lock, finished ones skipped,
 unfinished ones resumed), and after each run the worker rewrites ``--results`` from all
-finished runs. ``--collect_only``: only that rewrite (with ``--page=docs/recall.md``: also
-its figure and table, ``experiments/recall/page.py``). The results file is never replaced
-by one with fewer runs.
+finished runs, keeping the runs the file holds that the workdir lacks. ``--collect_only``:
+only that rewrite (with ``--page=docs/recall.md``: also
+its figure and table, ``experiments/recall/page.py``). The results file never loses a run.
 
   python -m experiments.mqar --workdir=workdir/mqar/main --collect_only --page=docs/recall.md
 """
@@ -35,18 +35,29 @@ from experiments.recall import run as run_lib
 FLAGS = flags.FLAGS
 
 
+def _run_key(row: dict) -> tuple:
+  return tuple(row[k] for k in ('seq_len', 'num_pairs', 'width', 'method', 'seed'))
+
+
 def write_results(root: str, path: str, log=run_lib.log_line) -> int:
-  """``path`` from every finished run under ``root``; refuses to drop runs it holds now."""
-  table = grid_lib.results_file(grid_lib.collect(root))
+  """``path`` from every finished run under ``root``, keeping the runs it holds that ``root``
+  lacks (a new checkout's empty workdir never erases committed runs); a run in both is
+  taken from ``root``. The settings (vocab, num_train) must agree."""
+  rows = grid_lib.collect(root)
   if os.path.exists(path):
     with open(path) as f:
       try:
         old = json.load(f)
       except json.JSONDecodeError as e:
         raise cli.ConfigError(f'--results: {path}: not valid JSON ({e}).') from None
-    if len(old.get('runs', [])) > len(table['runs']):
-      raise cli.ConfigError(f'--results: {path} holds {len(old["runs"])} runs, the workdir '
-                            f'{len(table["runs"])}; refusing to replace it by fewer.')
+    have = {_run_key(r) for r in rows}
+    kept = [dict(r, vocab=old['vocab'], num_train=old['num_train'])
+            for r in old.get('runs', []) if _run_key(r) not in have]
+    rows = rows + kept
+  try:
+    table = grid_lib.results_file(grid_lib.sort_rows(rows))
+  except ValueError as e:
+    raise cli.ConfigError(f'--results: {path}: {e}') from None
   provenance.write_json_atomic(path, table, indent=1)
   log(f'{path}: {len(table["runs"])} runs')
   return len(table['runs'])

@@ -84,6 +84,11 @@ def collect(root: str) -> List[dict]:
         rows.append(json.load(f))
     except (OSError, json.JSONDecodeError) as e:
       raise ValueError(f'{path}: not a readable run result ({e}).') from None
+  return sort_rows(rows)
+
+
+def sort_rows(rows: List[dict]) -> List[dict]:
+  """Rows in grid order: seed, width, length, then the order of ``methods.METHODS``."""
   order = {m: i for i, m in enumerate(methods.METHODS)}
   return sorted(rows, key=lambda r: (r['seed'], r['width'], r['seq_len'],
                                      order.get(r['method'], 99)))
