@@ -218,19 +218,15 @@ def mimicry_forces(params, inputs, settings: MimicrySettings, feature_map: str):
   return forces
 
 
+@functools.partial(jax.jit, static_argnames=('mimicry', 'feature_map'))
 def train_step(state: train_state.TrainState, batch,
                mimicry: Optional[MimicrySettings] = None, feature_map: str = 'favor'):
   """One optimizer step on an ``mqar.MQARBatch`` → ``(state, {'loss', 'accuracy'})``.
 
   ``mimicry`` None: every leaf gets its task gradient. Else the particle leaves get
   ``mimicry_forces`` (of ``feature_map``) instead, and ``state``'s particle transformation
-  (e.g. Langevin) moves them with it.
+  (e.g. Langevin) moves them with it. Both are static (hashable) arguments.
   """
-  return _train_step(state, batch, mimicry, feature_map)
-
-
-@functools.partial(jax.jit, static_argnames=('mimicry', 'feature_map'))
-def _train_step(state, batch, mimicry, feature_map):
   if mimicry is None:
     grad_fn = jax.value_and_grad(_metrics, has_aux=True)
     (loss, acc), grads = grad_fn(state.params, state.apply_fn, batch)
