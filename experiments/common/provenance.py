@@ -60,13 +60,23 @@ def machine() -> dict:
 
 def write_atomic(path: str, text: str) -> None:
   """Writes ``text`` to ``path`` through a temporary file and ``os.replace``:
-  a killed run leaves the old file or the new one, never half of one."""
-  with open(path + '.tmp', 'w') as f:
-    f.write(text)
-  os.replace(path + '.tmp', path)
+  a killed run leaves the old file or the new one, never half of one; a write
+  that fails (an unencodable character, a full disk) leaves the old file and
+  removes the temporary one."""
+  tmp = path + '.tmp'
+  try:
+    with open(tmp, 'w') as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
 
 
 def write_json_atomic(path: str, obj, indent=None) -> None:
+  """``obj`` as JSON, written by ``write_atomic`` (serialised first: an object JSON cannot
+  hold raises before anything is written)."""
   write_atomic(path, json.dumps(obj, indent=indent))
 
 
