@@ -44,7 +44,6 @@ from coulomb_jax import data
 from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax import training
-from experiments.run import checkpoints
 from experiments import grid
 from experiments.common import provenance
 from experiments.run import stages
@@ -74,18 +73,15 @@ def _config(dataset, feature_map):
 
 
 def _check_finished(run_dir):
-  if not os.path.exists(os.path.join(run_dir, run_folder.RESULTS)):
+  if not run_folder.RunFolder(run_dir).exists(run_folder.RESULTS):
     raise ValueError(f'--trained_runs: {run_dir} has no {run_folder.RESULTS} (not a finished '
                      'run).')
 
 
 def trained_params(run_dir):
   """The kept (best-validation) parameters of a finished ``experiments.train`` run."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   _check_finished(run_dir)
-  step = checkpoints.checkpoint_manager(run_dir).latest_step()
-  path = os.path.join(os.path.abspath(run_dir), 'checkpoints', str(step), 'default')
-  return ocp.StandardCheckpointer().restore(path)['best_params']
+  return run_folder.RunFolder(run_dir).latest_checkpoint()['best_params']
 
 
 def drift_stats(config, encoded, vocab_size, num_batches, params=None):
@@ -163,14 +159,16 @@ def main(argv):
   # The data and tokenizer do not depend on the feature map: load them once (a trained
   # run: its own tokenizer).
   if not trained:
-    encoded, vocab_size = train.load_data(_config(dataset, _MAPS.value[0]), workdir)
+    encoded, vocab_size = train.load_data(_config(dataset, _MAPS.value[0]),
+                                         run_folder.RunFolder(workdir))
   rows = {}
   for feature_map in _MAPS.value:
     config, params = _config(dataset, feature_map), None
     if trained:
       config.seed = _TRAINED_SEED.value
-      encoded, vocab_size = train.load_data(config, run_dirs[feature_map])
-      params = trained_params(run_dirs[feature_map])
+      folder = run_folder.RunFolder(run_dirs[feature_map])
+      encoded, vocab_size = train.load_data(config, folder)
+      params = trained_params(folder.path)
     rows[feature_map] = drift_stats(config, encoded, vocab_size, _BATCHES.value, params)
     print(feature_map, json.dumps(rows[feature_map]), flush=True)
   a = _config(dataset, _MAPS.value[0]).phase_a

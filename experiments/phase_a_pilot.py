@@ -36,6 +36,7 @@ from experiments.common import provenance
 from experiments.run import phase_a
 from experiments import train
 from experiments.run import checkpoints
+from experiments.run import run_folder
 
 # Named settings: config.phase_a overrides on top of the Vanilla-X run's config.
 _LEARN = dict(relative_step=0.01, gibbs_tilt=1e3, relative_lam=0.0)
@@ -87,13 +88,15 @@ def run_phase_a(config, workdir) -> dict:
     if len(done['stages']) == config.model.num_layers:
       return done
   meta = provenance.run_metadata('experiments.phase_a_pilot')
-  run, _ = train.setup_run(config, workdir, meta)
-  if int(run.ckpt['step_b']) == 0:
-    raise ValueError(f'--runs: {config.run.prefix_from} has not saved its Phase B prefix yet.')
-  for index in range(int(run.ckpt['stage']), len(run.stages)):
-    if run.stages[index].phase != 'a':
-      break
-    train.run_stage(run, index)
+  with run_folder.RunFolder(workdir) as folder:
+    run, _ = train.setup_run(config, folder, meta)
+    if int(run.ckpt['step_b']) == 0:
+      raise ValueError(f'--runs: {config.run.prefix_from} has not saved its Phase B prefix '
+                       'yet.')
+    for index in range(int(run.ckpt['stage']), len(run.stages)):
+      if run.stages[index].phase != 'a':
+        break
+      train.run_stage(run, index)
   return phase_a.phase_a_report(workdir)
 
 
@@ -129,7 +132,7 @@ def main(argv):
   vanilla = {m: grid.run_dir(_RUNS.value, dataset, f'vanilla-{m}', _SEED.value)
              for m in _MAPS.value}
   for m, d in vanilla.items():
-    if not os.path.isdir(os.path.join(d, checkpoints.PREFIX)):
+    if not run_folder.RunFolder(d).exists(checkpoints.PREFIX):
       raise ValueError(f'--runs: {d} has no saved Phase B prefix ({checkpoints.PREFIX}/).')
   rows = {}
   for name in _SETTINGS.value:

@@ -46,14 +46,14 @@ config is refused.
 """
 # (The docstring is --help's text.) This module is the entry point and the run's
 # assembly: data, model, optimisers, stages, results. The pieces live in experiments/run/:
-# train_config (config checks, data folder), run_folder (the workdir's files, preflight
-# checks, lock), checkpoints (orbax save/restore, the Phase B prefix), sharding (the data
-# mesh), summaries (TensorBoard), train_flags (the command line), stages (what a stage
-# shares, Ball-X), phase_a, phase_b and evaluation (what each stage does).
+# train_config (config checks, data folder), run_folder (RunFolder: the workdir, held here
+# for the whole run; every file of it, preflight checks, lock, checkpoints through
+# checkpoints, TensorBoard through summaries), sharding (the data mesh), train_flags (the
+# command line), stages (what a stage shares, Ball-X), phase_a, phase_b and evaluation
+# (what each stage does).
 
 import json
 import os
-import shutil
 import sys
 from typing import Optional
 
@@ -82,7 +82,6 @@ from experiments.run import phase_b
 from experiments.run import run_folder
 from experiments.run import sharding
 from experiments.run import stages
-from experiments.run import summaries
 from experiments.run import train_config
 from experiments.run import train_flags
 
@@ -96,11 +95,12 @@ def _subset(examples, size):
   return data.Examples(pick(examples.text_a), pick(examples.text_b), examples.labels[keep])
 
 
-def load_data(config, workdir):
+def load_data(config, folder: run_folder.RunFolder):
   """Returns ``({'train', 'validation', 'test'}: data.Encoded, vocab_size)``.
 
-  The tokenizer is ``<workdir>/tokenizer.json``, trained (by process 0 alone when
-  there are several) on the training split if it is not there yet.
+  The tokenizer is ``config.data.vocab_file``'s, else the folder's ``tokenizer.json``
+  (``RunFolder.tokenizer``: trained by process 0 on the training split if it is not
+  there yet).
   """
   d = config.data
   root = train_config.data_dir(config)
@@ -112,23 +112,11 @@ def load_data(config, workdir):
     for name in names:
       if limit:
         splits[name] = _subset(splits[name], limit)
-  tok_path = os.path.join(workdir, run_folder.TOKENIZER)
   if d.vocab_file:
     tok = data.load_vocab_tokenizer(d.vocab_file)
   else:
-    sharding.sync('tokenizer: before looking')   # Every earlier write of process 0 is done.
-    exists = os.path.exists(tok_path)
-    sharding.sync('tokenizer: looked')           # Nobody looks after process 0 writes it.
-    if exists:
-      tok = data.load_tokenizer(tok_path)
-    else:
-      if jax.process_index() == 0:
-        tr = splits['train']
-        tok = data.train_tokenizer(tr.text_a + (tr.text_b or []), d.vocab_size)
-        data.save_tokenizer(tok, tok_path)
-      sharding.sync('tokenizer: written')
-      if jax.process_index():
-        tok = data.load_tokenizer(tok_path)
+    tr = splits['train']
+    tok = folder.tokenizer(tr.text_a + (tr.text_b or []), d.vocab_size)
   encoded = {s: data.encode(tok, ex, d.max_length) for s, ex in splits.items()}
   return encoded, tok.get_vocab_size()
 
@@ -184,9 +172,9 @@ def run_stage(run: stages.Run, index: int) -> bool:
 
 # ----------------------------------------------------------------------------- main loop
 
-def _log_config(config, workdir):
+def _log_config(config, folder):
   lines = '\n'.join(f'  {k} = {v!r}' for k, v in train_config.flat(config).items())
-  logging.info('config (saved in %s; data from %s):\n%s', os.path.join(workdir, 'config.json'),
+  logging.info('config (saved in %s; data from %s):\n%s', folder.file(run_folder.CONFIG),
                train_config.data_dir(config), lines)
 
 
@@ -195,50 +183,83 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        meta: Optional[dict] = None) -> Optional[dict]:
   """Runs (or resumes) one training run; returns the results dict, or None if stopped.
 
+  ``workdir``: the run folder (``run_folder.RunFolder``: its layout and its life).
   ``stop_after_steps``: leave after this many optimisation steps in this call,
   with a checkpoint, as a preempted job would (for time-boxed sessions; tests
   use it to check that resuming changes nothing). The workdir's lock is released
   on return unless this process held it before the call.
   """
   meta = meta or provenance.run_metadata('experiments.train')
-  held_before = run_folder.holds(workdir)
-  try:
-    run, sessions = setup_run(config, workdir, meta, stop_after_steps=stop_after_steps)
+  with run_folder.RunFolder(workdir) as folder:
+    run, sessions = setup_run(config, folder, meta, stop_after_steps=stop_after_steps)
     for index in range(int(run.ckpt['stage']), len(run.stages)):
       if not run_stage(run, index) or (
           run.out_of_time() and index + 1 < len(run.stages)):
         return None
     return _finish(run, meta, sessions)
-  finally:
-    if not held_before:
-      run_folder.release_workdir(workdir)
 
 
-def setup_run(config: ml_collections.ConfigDict, workdir: str, meta: dict, *,
+def _open_folder(config, folder: run_folder.RunFolder, meta: dict):
+  """The folder's checks and first writes, then the data: ``(fingerprint, sessions,
+  encoded, vocab_size)``.
+
+  Nothing is written before ``folder.preflight`` has passed; then the folder is locked
+  for this process (``folder.lock``; leaving a ``with folder:`` block releases it),
+  ``config.json`` and ``fingerprint.json`` are written, this session is recorded, and
+  the tokenizer and data are loaded (``load_data``); the fingerprint returned has the
+  tokenizer's digest.
+  """
+  fingerprint = folder.preflight(config)
+  folder.lock()
+  _log_config(config, folder)
+  folder.write_config_and_fingerprint(config, fingerprint)
+  sessions = folder.record_session(meta)
+  if config.run.prefix_from:
+    folder.copy_tokenizer(config.run.prefix_from)   # The prefix's own.
+  try:
+    encoded, vocab_size = load_data(config, folder)
+  except (ValueError, FileNotFoundError) as e:   # Bad data: named by coulomb_jax.data.
+    raise cli.ConfigError(str(e)) from None
+  return folder.with_tokenizer(config, fingerprint), sessions, encoded, vocab_size
+
+
+def _steps_per_epoch(config, n_train):
+  """``(Phase A, Phase B)`` steps per epoch; a batch larger than the data is refused."""
+  a, b = config.phase_a, config.phase_b
+  spe_a = data.num_batches(n_train, a.batch_size, drop_remainder=True)
+  spe_b = data.num_batches(n_train, b.batch_size, drop_remainder=True)
+  for field, value, steps in (('phase_b.batch_size', b.batch_size, spe_b),
+                              ('phase_a.batch_size', a.batch_size, spe_a if a.enabled else 1)):
+    if not steps:
+      raise cli.ConfigError(f'config.{field}: {value} exceeds the {n_train} training rows.')
+  return spe_a, spe_b
+
+
+def _restore(config, folder, target, sharder, num_stages):
+  """The run's state: the folder's newest checkpoint, else ``run.prefix_from``'s prefix,
+  else ``target``; the history is cut back to it."""
+  ckpt = folder.restore(target, sharder)
+  if ckpt is target and config.run.prefix_from:
+    ckpt = folder.restore_prefix(config.run.prefix_from, target, sharder) or target
+  ckpt = sharder.replicate(ckpt)
+  folder.truncate_history(int(ckpt['step_a']) + int(ckpt['step_b']))
+  if int(ckpt['stage']) or int(ckpt['stage_step']) or int(ckpt['step_b']):
+    logging.info('Resumed from %s: stage %d/%d, %d steps into it (%d Phase A and %d Phase B '
+                 'steps done in all).', folder.checkpoint_manager.directory,
+                 int(ckpt['stage']) + 1, num_stages, int(ckpt['stage_step']),
+                 int(ckpt['step_a']), int(ckpt['step_b']))
+  return ckpt
+
+
+def setup_run(config: ml_collections.ConfigDict, folder: run_folder.RunFolder, meta: dict, *,
               stop_after_steps: Optional[int] = None):
   """Checks, data, model, optimisers and the restored state of a run: ``(stages.Run,
   sessions)``, ready for ``run_stage`` from ``run.ckpt['stage']`` on.
 
-  Nothing is written before ``run_folder.preflight`` has passed; then the workdir is
-  locked for this process (``run_folder.lock_workdir``; ``release_workdir`` lets go).
+  ``folder``: the run folder (``_open_folder``: nothing is written before its preflight
+  has passed; then it is locked for this process).
   """
-  fingerprint = run_folder.preflight(config, workdir)
-  run_folder.lock_workdir(workdir)
-  _log_config(config, workdir)
-  run_folder.write_config_and_fingerprint(config, workdir, fingerprint)
-  sessions = run_folder.record_session(workdir, meta)
-  tokenizer = os.path.join(workdir, run_folder.TOKENIZER)
-  if config.run.prefix_from and not os.path.exists(tokenizer):
-    source = os.path.join(config.run.prefix_from, run_folder.TOKENIZER)   # The prefix's own.
-    if os.path.exists(source) and jax.process_index() == 0:
-      shutil.copyfile(source, tokenizer)
-  try:
-    encoded, vocab_size = load_data(config, workdir)
-  except (ValueError, FileNotFoundError) as e:   # Bad data: named by coulomb_jax.data.
-    raise cli.ConfigError(str(e)) from None
-  new = run_folder.with_tokenizer(workdir, fingerprint)
-  if new != fingerprint:
-    run_folder.write_config_and_fingerprint(config, workdir, new)
+  fingerprint, sessions, encoded, vocab_size = _open_folder(config, folder, meta)
   sharder = sharding.Sharder()
   model = make_model(config, vocab_size)
   a, b, d = config.phase_a, config.phase_b, config.data
@@ -247,39 +268,23 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str, meta: dict, *,
   params = model.init(init_key, example['ids'], example['segments'], example['mask'])['params']
   if a.enabled and not training.has_particles(params):
     raise cli.ConfigError(f'phase_a.enabled: the model {config.variant!r} has no particles.')
-  n_train = len(encoded['train'].labels)
-  spe_a = data.num_batches(n_train, a.batch_size, drop_remainder=True)
-  spe_b = data.num_batches(n_train, b.batch_size, drop_remainder=True)
-  for field, value, steps in (('phase_b.batch_size', b.batch_size, spe_b),
-                              ('phase_a.batch_size', a.batch_size, spe_a if a.enabled else 1)):
-    if not steps:
-      raise cli.ConfigError(f'config.{field}: {value} exceeds the {n_train} training rows.')
+  spe_a, spe_b = _steps_per_epoch(config, len(encoded['train'].labels))
   paths = training.attention_paths(params)
   stage_list = schedule(config, max(len(paths), 1))
   opt_b = training.phase_b_optimizer(
       learning_rate=b.learning_rate, warmup_steps=int(b.warmup_fraction * spe_b * b.num_epochs),
       total_steps=spe_b * b.num_epochs, weight_decay=b.weight_decay, clip_norm=b.clip_norm)
-
-  manager = checkpoints.checkpoint_manager(workdir)
-  target = checkpoints.initial_state(params, opt_b, len(ld.LogHistogram().counts), new)
-  ckpt = checkpoints.restore(manager, target, sharder)
-  if ckpt is target and config.run.prefix_from:
-    ckpt = checkpoints.restore_prefix(config, workdir, target, sharder) or target
-  ckpt = sharder.replicate(ckpt)
-  run_folder.truncate_history(workdir, int(ckpt['step_a']) + int(ckpt['step_b']))
-  if int(ckpt['stage']) or int(ckpt['stage_step']) or int(ckpt['step_b']):
-    logging.info('Resumed from %s: stage %d/%d, %d steps into it (%d Phase A and %d Phase B '
-                 'steps done in all).', manager.directory, int(ckpt['stage']) + 1,
-                 len(stage_list), int(ckpt['stage_step']), int(ckpt['step_a']),
-                 int(ckpt['step_b']))
+  target = checkpoints.initial_state(params, opt_b, len(ld.LogHistogram().counts), fingerprint)
+  ckpt = _restore(config, folder, target, sharder, len(stage_list))
   chief = jax.process_index() == 0
   kind = run_kind(config, params)
-  total_a = sum(spe_a * s.num_epochs for s in stage_list if s.phase == 'a') if kind == 'kernel' else 0
+  total_a = (sum(spe_a * s.num_epochs for s in stage_list if s.phase == 'a')
+             if kind == 'kernel' else 0)
   done = int(ckpt['step_a']) + int(ckpt['step_b'])
   run = stages.Run(
-      config=config, workdir=workdir, kind=kind, model=model,
+      config=config, folder=folder, kind=kind, model=model,
       encoded=encoded, sharder=sharder, paths=paths, stages=stage_list, ckpt=ckpt,
-      save=lambda: checkpoints.save(manager, run.ckpt, sharder), langevin_key=langevin_key,
+      save=lambda: folder.save(run.ckpt, sharder), langevin_key=langevin_key,
       dropout_key=dropout_key, step_b=jax.jit(training.make_phase_b_step(model, opt_b)),
       predict=jax.jit(training.make_predict(model)),
       inputs_fn=jax.jit(lambda p, batch, paths: {
@@ -287,9 +292,8 @@ def setup_run(config: ml_collections.ConfigDict, workdir: str, meta: dict, *,
                         static_argnames='paths'),
       spe_a=spe_a, spe_b=spe_b, total_b=spe_b * b.num_epochs,
       select_from=training.first_selectable_epoch(stage_list),
-      writer=summaries.open_writer(workdir) if chief else None, chief=chief,
-      stop_after_steps=stop_after_steps,
-      save_prefix=lambda: checkpoints.save_prefix(workdir, run.ckpt, sharder),
+      writer=folder.open_writer(), chief=chief, stop_after_steps=stop_after_steps,
+      save_prefix=lambda: folder.save_prefix(run.ckpt, sharder),
       progress=progress.Progress('train', total=total_a + spe_b * b.num_epochs, unit='step',
                                  done=done))
   return run, sessions
@@ -314,11 +318,11 @@ def _finish(run, meta, sessions) -> dict:
                  sessions=sessions,
                  num_params=int(sum(x.size for x in jax.tree.leaves(best))))
   # The data folder (relative to the repository) and the digests of what the run read.
-  stored = run_folder.read_json(os.path.join(run.workdir, run_folder.FINGERPRINT))
+  stored = run.folder.stored_fingerprint()
   results.update(data_dir=stored['data_dir'], fingerprint=stored['files'])
-  if os.path.exists(os.path.join(run.workdir, checkpoints.PREFIX + '.json')):
-    with open(os.path.join(run.workdir, checkpoints.PREFIX + '.json')) as f:
-      results['prefix'] = json.load(f)   # Where the Phase B prefix was trained, and when.
+  prefix = run.folder.prefix_record()
+  if prefix is not None:
+    results['prefix'] = prefix   # Where the Phase B prefix was trained, and when.
   phase_a_summary = phase_a.phase_a_report(run.workdir) if run.kind == 'kernel' else None
   if phase_a_summary is not None:
     results['phase_a'] = phase_a_summary
@@ -326,19 +330,12 @@ def _finish(run, meta, sessions) -> dict:
     results[split], probs = evaluation.evaluate(run.predict, best, run.encoded[split],
                                                 config.run.eval_batch_size, run.sharder, config,
                                                 with_probs=True)
-    if run.chief:
-      path = os.path.join(run.workdir, f'predictions_{split}.npz')
-      with open(path + '.tmp', 'wb') as f:
-        np.savez(f, labels=np.asarray(run.encoded[split].labels, np.int32),
-                 probs=probs.astype(np.float32))
-      os.replace(path + '.tmp', path)
+    run.folder.write_predictions(split, run.encoded[split].labels, probs)
   if run.writer is not None:
     if hasattr(run.writer, 'add_hparams'):
       run.writer.add_hparams(config, results)
     run.writer.close()
-  if run.chief:
-    provenance.write_json_atomic(os.path.join(run.workdir, run_folder.RESULTS), results,
-                                 indent=1)
+  run.folder.write_json(run_folder.RESULTS, results)
   logging.info('test: %s', json.dumps(results['test']))
   return results
 

@@ -147,12 +147,11 @@ def test_help_says_how_to_list_the_fields_and_list_fields_prints_them(tmp_path):
 
 def test_a_second_process_on_a_busy_workdir_exits_at_once_naming_the_holder(data_dir, tmp_path):
   workdir = str(tmp_path / 'w')
-  assert run_folder.lock_workdir(workdir)                  # This process holds it.
-  try:
+  with run_folder.RunFolder(workdir) as folder:
+    assert folder.lock()                                   # This process holds it.
     out = _run([TRAIN, f'--config={RT}:softmax,quick', f'--workdir={workdir}',
                 f'--config.data.data_dir={data_dir}', *_overrides()], cwd=str(tmp_path))
-  finally:
-    run_folder.release_workdir(workdir)
+  assert not folder.held
   assert out.returncode == 2
   assert out.stderr.splitlines()[-1].startswith(
       f"train: error: workdir '{workdir}' is in use by pid {os.getpid()} on host ")

@@ -1,8 +1,9 @@
 """The parts of one training run (``experiments/train.py``), one job each.
 
 ``train_config`` (which configs are accepted, the data folder), ``train_flags`` (the
-command line, ``--list_fields``), ``run_folder`` (the workdir's files, preflight
-checks, lock), ``checkpoints`` (orbax save/restore, the Phase B prefix), ``sharding``
+command line, ``--list_fields``), ``run_folder`` (``RunFolder``: the workdir, every
+file of it, preflight checks, lock; it opens the checkpoints and the TensorBoard
+writer), ``checkpoints`` (orbax save/restore, the Phase B prefix), ``sharding``
 (the data mesh), ``summaries`` (TensorBoard); the stages: ``stages`` (``Run``, what
 every stage shares, and Ball-X's projection), ``phase_a`` (Kernel-X's Langevin stage
 and what it records about its dynamics), ``phase_b`` (AdamW epochs, model selection)

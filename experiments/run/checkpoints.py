@@ -10,7 +10,11 @@ used; one written from other data (its ``data_sha256`` differs) is refused.
 
 ``<workdir>/prefix`` is the state at the end of the Phase B epochs before the
 first Phase A stage (``save_prefix``); a run with ``run.prefix_from`` starts from
-that run's (``restore_prefix``), with its history up to there.
+that run's (``restore_prefix``; ``run_folder.RunFolder.restore_prefix`` copies that
+run's history up to there).
+
+These functions take the manager or the folder path from ``run_folder.RunFolder``,
+which opens the manager (``RunFolder.checkpoint_manager``) and calls them.
 """
 
 import hashlib
@@ -26,8 +30,6 @@ from absl import logging
 
 from coulomb_jax import training
 from experiments.common import cli
-from experiments.common import provenance
-from experiments.run import run_folder
 from experiments.run import sharding
 from experiments.run import stages
 
@@ -46,7 +48,7 @@ def checkpoint_manager(workdir):
 
 
 def data_digest(fingerprint: dict) -> np.ndarray:
-  """uint8[32]: sha256 of a run's data fingerprint (``run_folder.data_fingerprint``,
+  """uint8[32]: sha256 of a run's data fingerprint (``RunFolder.data_fingerprint``,
   ``{file: sha256}`` with the tokenizer), as a checkpoint leaf."""
   text = json.dumps(fingerprint, sort_keys=True)
   return np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8).copy()
@@ -65,6 +67,23 @@ def initial_state(params, opt_b, num_bins, fingerprint: dict):
           'best_epoch': i32(-1), 'seconds_a': f32(0.0), 'seconds_b': f32(0.0),
           'stopped_early_a': i32(0), 'hist_drift': counts, 'hist_force': counts,
           'data_sha256': data_digest(fingerprint)}
+
+
+# Fields that only act from the first Phase A stage on: runs that differ in nothing
+# else share their Phase B prefix bit for bit. (The data folder: the data fingerprint
+# is compared instead.)
+_PREFIX_FREE = ('variant', 'model.init_radius', 'run.prefix_from', 'run.log_every',
+                'run.checkpoint_every', 'data.data_dir')
+
+
+def prefix_fields(saved: dict) -> dict:
+  """The flat fields (``section.field``) of a saved config (``run_folder.saved_config``)
+  that a run's Phase B prefix depends on: two runs share it iff these are equal."""
+  flat = {f'{section}.{k}': v for section, fields in saved.items()
+          if isinstance(fields, dict) for k, v in fields.items()}
+  flat.update({k: v for k, v in saved.items() if not isinstance(v, dict)})
+  return {k: v for k, v in flat.items() if k not in _PREFIX_FREE and (
+      not k.startswith('phase_a.') or k in ('phase_a.schedule', 'phase_a.after_b_epochs'))}
 
 
 def check_data(ckpt, target, where: str):
@@ -204,11 +223,11 @@ def save_prefix(workdir, ckpt, sharder=None):
     checkpointer.wait_until_finished()
 
 
-def restore_prefix(config, workdir, target, sharder=None):
-  """``target`` restored from ``<run.prefix_from>/prefix``, or None if that run has not
-  saved it yet (``run_folder.preflight`` has compared its config and data)."""
+def restore_prefix(source, target, sharder=None):
+  """``target`` restored from ``<source>/prefix`` (``source``: a ``run.prefix_from`` run
+  folder), or None if that run has not saved it yet (``RunFolder.preflight`` has
+  compared its config and data). Its data digest and finiteness are checked."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  source = config.run.prefix_from
   path = os.path.abspath(os.path.join(source, PREFIX))
   if not os.path.exists(path):
     return None
@@ -216,17 +235,13 @@ def restore_prefix(config, workdir, target, sharder=None):
   restored = ocp.StandardCheckpointer().restore(path, abstract)
   check_data(restored, target, f'config.run.prefix_from: {path}')
   check_finite(restored, f'config.run.prefix_from: {path}')
-  with open(os.path.join(source, 'history.jsonl')) as f:
-    lines = [line for line in f if line.strip()]
-  t = int(restored['step_a']) + int(restored['step_b'])
-  sessions = []
-  if os.path.exists(os.path.join(source, 'sessions.json')):
-    sessions = run_folder.read_json(os.path.join(source, 'sessions.json'))
-  if jax.process_index() == 0:
-    provenance.write_atomic(os.path.join(workdir, 'history.jsonl'), ''.join(
-        line for line in lines if json.loads(line)['t'] <= t))
-    provenance.write_json_atomic(os.path.join(workdir, PREFIX + '.json'), {
-        'from': source, 'phase_b_steps': int(restored['step_b']), 'sessions': sessions},
-                                 indent=1)
-  logging.info('Phase B prefix (%d steps) taken from %s.', int(restored['step_b']), path)
   return restored
+
+
+def read_latest(manager):
+  """The newest checkpoint of ``manager`` as saved (no target: plain arrays), e.g. a
+  finished run's ``best_params``."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.abspath(str(manager.directory)), str(manager.latest_step()),
+                      'default')
+  return ocp.StandardCheckpointer().restore(path)

@@ -1,24 +1,18 @@
-r"""The run folder (``--workdir``): its files, the checks before a run writes to it, its lock.
+r"""The run folder (``--workdir``): ``RunFolder`` owns its files, their checks and its lock.
 
-Files: ``config.json`` (the config, written once), ``fingerprint.json`` (the
-data folder and ``{name: sha256}`` of every data file read and of
-``tokenizer.json``), ``history.jsonl`` (one JSON record per log line, ``t`` its
-step), ``sessions.json`` (commit, date and devices of every call that ran it),
-``results.json``; process 0 alone writes them. A damaged one is reported in one
-``cli.ConfigError`` naming it.
-
-``preflight(config, workdir)`` does every check before anything is written: the
-config, a workdir of another config or whose data fingerprint differs from the
-files now on disk (the changed files named), and a ``run.prefix_from`` source of
-another config or data. ``lock_workdir`` then holds ``<workdir>/lock``
-(``fcntl.flock``) for the run's lifetime: a second run on the same folder is
-refused naming the first, and a killed run leaves no stale lock.
+``RunFolder(workdir)`` is the one object that names a file of a run folder (its
+docstring: the layout and the life of a run); ``experiments/train.py`` holds one
+per run and hands it, not the path, to what reads or writes the folder. Module
+level: the pure parts (``read_json``, ``stored_files``, ``saved_config``,
+``with_added_fields``) and ``WorkdirBusy``, the error of a folder in use.
 """
 
 import datetime
 import fcntl
+import functools
 import json
 import os
+import shutil
 import socket
 import time
 from typing import Optional
@@ -31,12 +25,19 @@ from absl import logging
 from coulomb_jax import data
 from experiments.common import cli
 from experiments.common import provenance
+from experiments.run import checkpoints
+from experiments.run import sharding
+from experiments.run import summaries
 from experiments.run import train_config
 
-RESULTS = 'results.json'
+LOCK = 'lock'
+CONFIG = 'config.json'
 FINGERPRINT = 'fingerprint.json'
 TOKENIZER = 'tokenizer.json'
-LOCK = 'lock'
+SESSIONS = 'sessions.json'
+HISTORY = 'history.jsonl'
+PREFIX_RECORD = checkpoints.PREFIX + '.json'
+RESULTS = 'results.json'
 
 
 def read_json(path):
@@ -81,48 +82,6 @@ def _without_data_dir(saved):
           for k, fields in saved.items()}
 
 
-def data_fingerprint(config, workdir: Optional[str] = None) -> dict:
-  """``{name: sha256}`` of every file a run reads: the task's data files (named relative
-  to ``train_config.data_dir(config)``), ``config.data.vocab_file`` if set
-  (``vocab_file <path>``) and, once it exists, ``<workdir>/tokenizer.json``
-  (``tokenizer.json``)."""
-  root = train_config.data_dir(config)
-  files = data.fingerprint(data.source_files(config.data.task, root), root=root)
-  vocab = config.data.vocab_file
-  if vocab:
-    files[f'vocab_file {provenance.relative_path(vocab)}'] = data.fingerprint([vocab])[vocab]
-  tok = os.path.join(workdir, TOKENIZER) if workdir else None
-  if tok and os.path.isfile(tok):
-    files[TOKENIZER] = data.fingerprint([tok])[tok]
-  return dict(sorted(files.items()))
-
-
-def with_tokenizer(workdir, fingerprint):
-  """``fingerprint`` with the digest of ``<workdir>/tokenizer.json``, once it exists; a
-  retrained tokenizer must equal the one the run started with."""
-  path = os.path.join(workdir, TOKENIZER)
-  if not os.path.isfile(path):
-    return fingerprint
-  digest = data.fingerprint([path])[path]
-  if fingerprint.get(TOKENIZER, digest) != digest:
-    raise cli.ConfigError(f'{path}: the tokenizer trained again (sha256 {digest[:12]}…) is not '
-                          f'the one this run started with ({fingerprint[TOKENIZER][:12]}…); '
-                          'use a new workdir.')
-  return dict(sorted({**fingerprint, TOKENIZER: digest}.items()))
-
-
-def write_config_and_fingerprint(config, workdir, fingerprint):
-  """``config.json`` (once) and ``fingerprint.json`` (process 0)."""
-  if jax.process_index():
-    return
-  config_path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(config_path):
-    provenance.write_json_atomic(config_path, saved_config(config), indent=1)
-  provenance.write_json_atomic(os.path.join(workdir, FINGERPRINT), {
-      'data_dir': provenance.relative_path(train_config.data_dir(config)),
-      'files': fingerprint}, indent=1)
-
-
 def _check_history(path):
   """Every line of ``history.jsonl`` but a last one torn by a kill must be JSON."""
   if not os.path.exists(path):
@@ -137,181 +96,16 @@ def _check_history(path):
                             'restore it or use a new workdir.') from None
 
 
-def truncate_history(workdir, t):
-  """Drops history records written after the restored checkpoint (step ``t``): those
-  epochs and evaluations run again. A last line torn by a kill is dropped too."""
-  path = os.path.join(workdir, 'history.jsonl')
-  if jax.process_index() or not os.path.exists(path):
-    return
-  with open(path) as f:
-    lines = [line for line in f if line.strip()]
-  kept = []
-  for i, line in enumerate(lines):
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError:
-      if i == len(lines) - 1:
-        continue
-      raise
-    if record['t'] <= t:
-      kept.append(line if line.endswith('\n') else line + '\n')
-  provenance.write_atomic(path, ''.join(kept))
-
-
-def record_session(workdir, meta):
-  """Appends this call's commit, date and devices to ``<workdir>/sessions.json``.
-
-  A run resumed in a later session may run other code or on other devices: the
-  results keep every session (``results['sessions']``), not only the last one's
-  commit, and a change of device count (sharded sums, so the final parameters are
-  no longer bit-identical to an uninterrupted run) is logged as a warning.
-  """
-  path = os.path.join(workdir, 'sessions.json')
-  sessions = []
-  if os.path.exists(path):
-    with open(path) as f:
-      sessions = json.load(f)
-  now = {'commit': meta.get('commit'), 'date': meta.get('date'),
-         'device_count': jax.device_count(), 'platform': jax.default_backend()}
-  if sessions and (sessions[-1]['device_count'], sessions[-1]['platform']) != (
-      now['device_count'], now['platform']):
-    logging.warning('Resuming %s on %d %s device(s) after %d %s: not bit-identical to an '
-                    'uninterrupted run.', workdir, now['device_count'], now['platform'],
-                    sessions[-1]['device_count'], sessions[-1]['platform'])
-  if sessions and sessions[-1]['commit'] != now['commit']:
-    logging.warning('Resuming %s at commit %s after %s.', workdir, now['commit'],
-                    sessions[-1]['commit'])
-  sessions.append(now)
-  if jax.process_index() == 0:
-    provenance.write_json_atomic(path, sessions, indent=1)
-  return sessions
-
-
-def preflight(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Every check of a run before it writes anything; returns the data fingerprint.
-
-  The config (``train_config.check_config``), the data files, and an existing ``workdir``: its
-  ``config.json`` must be this config's (the data folder aside: the fingerprint
-  compares the data itself), its files readable, and its ``fingerprint.json`` must
-  match the files now on disk. ``run.prefix_from``: that run's config and data.
-  Raises ``cli.ConfigError`` (a ValueError) naming the field or file.
-  """
-  train_config.check_config(config, jax.device_count())
-  config_path = os.path.join(workdir, 'config.json')
-  if os.path.exists(config_path):
-    saved = with_added_fields(read_json(config_path))
-    if _without_data_dir(saved) != _without_data_dir(saved_config(config)):
-      raise cli.ConfigError(f'workdir: {workdir!r} holds a run with a different config '
-                            f'({config_path}); use a new workdir.')
-  _check_history(os.path.join(workdir, 'history.jsonl'))
-  if os.path.exists(os.path.join(workdir, 'sessions.json')):
-    read_json(os.path.join(workdir, 'sessions.json'))
-  try:
-    current = data_fingerprint(config, workdir)
-  except FileNotFoundError as e:
-    raise cli.ConfigError(str(e)) from None
-  stored_path = os.path.join(workdir, FINGERPRINT)
-  stored = stored_files(stored_path) if os.path.exists(stored_path) else {}
-  expected = dict(current)
-  if TOKENIZER not in current and TOKENIZER in stored:
-    # A deleted tokenizer is trained again from the same data: compared once it is.
-    expected[TOKENIZER] = stored[TOKENIZER]
-  if os.path.exists(stored_path):
-    try:
-      data.check_fingerprint(stored, expected, what=f'the data of the run in {workdir!r}')
-    except ValueError as e:
-      raise cli.ConfigError(f'{e} Restore those files or use a new workdir ({stored_path} '
-                            'holds the digests the run started with).') from None
-  if TOKENIZER in current and TOKENIZER not in stored:
-    try:
-      data.load_tokenizer(os.path.join(workdir, TOKENIZER))
-    except ValueError as e:
-      raise cli.ConfigError(str(e)) from None
-  if config.run.prefix_from:
-    _check_prefix_source(config, current)
-  return expected
-
-
-# Fields that only act from the first Phase A stage on: runs that differ in nothing
-# else share their Phase B prefix bit for bit. (The data folder: the data fingerprint
-# is compared instead.)
-_PREFIX_FREE = ('variant', 'model.init_radius', 'run.prefix_from', 'run.log_every',
-                'run.checkpoint_every', 'data.data_dir')
-
-
-def _prefix_fields(fingerprint):
-  """The flat fields of a saved config that a run's Phase B prefix depends on."""
-  flat = {f'{section}.{k}': v for section, fields in fingerprint.items()
-          if isinstance(fields, dict) for k, v in fields.items()}
-  flat.update({k: v for k, v in fingerprint.items() if not isinstance(v, dict)})
-  return {k: v for k, v in flat.items() if k not in _PREFIX_FREE and (
-      not k.startswith('phase_a.') or k in ('phase_a.schedule', 'phase_a.after_b_epochs'))}
-
-
-def _check_prefix_source(config, ours):
-  """Refuses a ``run.prefix_from`` run whose config differs in a field the prefix depends
-  on, or whose data fingerprint differs from ``ours`` (this run's, data now on disk)."""
-  source = config.run.prefix_from
-  if not os.path.isfile(os.path.join(source, 'config.json')):
-    raise cli.ConfigError(f'config.run.prefix_from: {source!r} is not a run folder (no '
-                          'config.json).')
-  theirs = _prefix_fields(with_added_fields(read_json(os.path.join(source, 'config.json'))))
-  mine = _prefix_fields(saved_config(config))
-  diff = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
-  if diff:
-    raise cli.ConfigError(f'config.run.prefix_from: {source!r} trained with other values of '
-                          f'{diff}; its Phase B prefix is not this run\'s.')
-  path = os.path.join(source, FINGERPRINT)
-  if not os.path.exists(path):
-    logging.warning('config.run.prefix_from: %s has no %s (trained before data fingerprints): '
-                    'its data is not compared with this run\'s.', source, FINGERPRINT)
-    return
-  stored = stored_files(path)
-  if TOKENIZER not in ours:      # Ours is copied from theirs.
-    stored = {k: v for k, v in stored.items() if k != TOKENIZER}
-  try:
-    data.check_fingerprint(stored, ours, what=f'config.run.prefix_from: the data {source!r} '
-                           'trained on')
-  except ValueError as e:
-    raise cli.ConfigError(f'{e} Its Phase B prefix is not this run\'s.') from None
+class WorkdirBusy(cli.ConfigError):
+  """Another process holds the workdir's lock."""
 
 
 # The workdirs this process holds (realpath → the open lock file; None on processes > 0).
 _HELD = {}
 
 
-class WorkdirBusy(cli.ConfigError):
-  """Another process holds the workdir's lock."""
-
-
-def lock_workdir(workdir: str) -> bool:
-  """Takes ``<workdir>/lock`` for this process (process 0 for a multi-process job).
-
-  ``fcntl.flock``: held until ``release_workdir`` or the process ends, however it
-  ends (a killed run leaves no stale lock). The file names the holder (pid, host,
-  start time). Raises ``WorkdirBusy`` naming the holder if another process has it;
-  returns False if this process already held it, True if it took it now.
-  """
-  key = os.path.realpath(workdir)
-  if key in _HELD:
-    return False
-  error, held = None, None
-  if jax.process_index() == 0:
-    try:
-      held = _flock(workdir)
-    except WorkdirBusy as e:
-      error = e
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    if int(multihost_utils.broadcast_one_to_all(np.int32(error is not None))) and not error:
-      error = WorkdirBusy(f'workdir {workdir!r} is in use by another run (process 0 names it).')
-  if error:
-    raise error
-  _HELD[key] = held
-  return True
-
-
 def _flock(workdir):
+  """Takes ``<workdir>/lock`` with ``fcntl.flock`` and writes the holder's name in it."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, LOCK)
   f = open(path, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
@@ -337,14 +131,369 @@ def _flock(workdir):
   return f
 
 
-def holds(workdir: str) -> bool:
-  """Whether this process holds ``workdir``'s lock (``lock_workdir``)."""
-  return os.path.realpath(workdir) in _HELD
+class RunFolder:
+  r"""One run's folder: every file of it is read and written here. Layout of ``path``:
+
+  * ``lock``: held by the running process (``fcntl.flock``; it names pid, host, start);
+  * ``config.json``: the config (``saved_config``), written once;
+  * ``fingerprint.json``: ``{"data_dir", "files": {name: sha256}}`` of every data file
+    read, of the ``vocab_file`` and of ``tokenizer.json`` (the WordPiece tokenizer);
+  * ``sessions.json``: commit, date and devices of every call that ran the folder;
+  * ``history.jsonl``: one JSON record per log line, ``t`` its global step;
+  * ``checkpoints/``: orbax, the last two steps (``checkpoints_unreadable/``: set aside);
+  * ``prefix/``: the state after the Phase B epochs before Phase A, for runs with
+    ``run.prefix_from``; ``prefix.json``: where this run's prefix came from;
+  * ``phase_a_stages.json``: Phase A stage summaries (``experiments.run.phase_a``);
+  * ``tensorboard/``: scalars as they come, hparams at the end (``summaries``);
+  * ``predictions_{validation,test}.npz``, ``results.json``: written last.
+
+  Life of a run (``experiments/train.py``): ``preflight`` (reads and checks, writes
+  nothing); ``lock``; ``write_config_and_fingerprint``; ``record_session``; the
+  tokenizer (``tokenizer``, ``with_tokenizer``); ``restore`` (or ``restore_prefix``)
+  and ``truncate_history`` to the restored step; while training ``save``,
+  ``append_history`` and ``open_writer``'s scalars; at the end ``write_predictions``
+  and ``write_json(RESULTS, ...)``. ``with RunFolder(w) as folder:`` releases the lock
+  on leaving if it was taken inside the block. Process 0 alone writes.
+  """
+
+  def __init__(self, workdir: str):
+    if not isinstance(workdir, (str, os.PathLike)) or not os.fspath(workdir):
+      raise ValueError(f'workdir: expected a folder path, got {workdir!r}.')
+    self.path = os.fspath(workdir)
+    self._release_on_exit = []
+
+  def __repr__(self):
+    return f'RunFolder({self.path!r})'
+
+  def file(self, name: str) -> str:
+    """``<workdir>/<name>``."""
+    return os.path.join(self.path, name)
+
+  def exists(self, name: str) -> bool:
+    return os.path.exists(self.file(name))
+
+  @property
+  def chief(self) -> bool:
+    """Whether this process writes the folder (process 0)."""
+    return jax.process_index() == 0
+
+  # --------------------------------------------------------------------------- lock
+
+  @property
+  def held(self) -> bool:
+    """Whether this process holds the folder's lock (``lock``)."""
+    return os.path.realpath(self.path) in _HELD
+
+  def lock(self) -> bool:
+    """Takes ``<workdir>/lock`` for this process (process 0 for a multi-process job).
+
+    ``fcntl.flock``: held until ``release`` or the process ends, however it ends (a
+    killed run leaves no stale lock). Raises ``WorkdirBusy`` naming the holder if
+    another process has it; returns False if this process already held it, True if it
+    took it now.
+    """
+    key = os.path.realpath(self.path)
+    if key in _HELD:
+      return False
+    error, held = None, None
+    if self.chief:
+      try:
+        held = _flock(self.path)
+      except WorkdirBusy as e:
+        error = e
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      if int(multihost_utils.broadcast_one_to_all(np.int32(error is not None))) and not error:
+        error = WorkdirBusy(f'workdir {self.path!r} is in use by another run (process 0 '
+                            'names it).')
+    if error:
+      raise error
+    _HELD[key] = held
+    return True
+
+  def release(self) -> None:
+    """Lets go of the lock (nothing if this process does not hold it)."""
+    f = _HELD.pop(os.path.realpath(self.path), None)
+    if f is not None:
+      fcntl.flock(f, fcntl.LOCK_UN)
+      f.close()
+
+  def __enter__(self):
+    self._release_on_exit.append(not self.held)
+    return self
+
+  def __exit__(self, *exc_info):
+    if self._release_on_exit.pop():
+      self.release()
+
+  # --------------------------------------------------------------------------- checks
+
+  def preflight(self, config: ml_collections.ConfigDict) -> dict:
+    """Every check of a run before it writes anything; returns the data fingerprint.
+
+    The config (``train_config.check_config``), the data files, and an existing folder:
+    its ``config.json`` must be this config's (the data folder aside: the fingerprint
+    compares the data itself), its files readable, and its ``fingerprint.json`` must
+    match the files now on disk. ``run.prefix_from``: that run's config and data.
+    Raises ``cli.ConfigError`` (a ValueError) naming the field or file.
+    """
+    train_config.check_config(config, jax.device_count())
+    workdir, config_path = self.path, self.file(CONFIG)
+    if os.path.exists(config_path):
+      saved = with_added_fields(read_json(config_path))
+      if _without_data_dir(saved) != _without_data_dir(saved_config(config)):
+        raise cli.ConfigError(f'workdir: {workdir!r} holds a run with a different config '
+                              f'({config_path}); use a new workdir.')
+    _check_history(self.file(HISTORY))
+    if self.exists(SESSIONS):
+      read_json(self.file(SESSIONS))
+    try:
+      current = self.data_fingerprint(config)
+    except FileNotFoundError as e:
+      raise cli.ConfigError(str(e)) from None
+    stored_path = self.file(FINGERPRINT)
+    stored = stored_files(stored_path) if os.path.exists(stored_path) else {}
+    expected = dict(current)
+    if TOKENIZER not in current and TOKENIZER in stored:
+      # A deleted tokenizer is trained again from the same data: compared once it is.
+      expected[TOKENIZER] = stored[TOKENIZER]
+    if os.path.exists(stored_path):
+      try:
+        data.check_fingerprint(stored, expected, what=f'the data of the run in {workdir!r}')
+      except ValueError as e:
+        raise cli.ConfigError(f'{e} Restore those files or use a new workdir ({stored_path} '
+                              'holds the digests the run started with).') from None
+    if TOKENIZER in current and TOKENIZER not in stored:
+      try:
+        data.load_tokenizer(self.file(TOKENIZER))
+      except ValueError as e:
+        raise cli.ConfigError(str(e)) from None
+    if config.run.prefix_from:
+      _check_prefix_source(config, current)
+    return expected
+
+  def data_fingerprint(self, config) -> dict:
+    """``{name: sha256}`` of every file a run reads: the task's data files (named relative
+    to ``train_config.data_dir(config)``), ``config.data.vocab_file`` if set
+    (``vocab_file <path>``) and, once it exists, ``tokenizer.json``."""
+    root = train_config.data_dir(config)
+    files = data.fingerprint(data.source_files(config.data.task, root), root=root)
+    vocab = config.data.vocab_file
+    if vocab:
+      files[f'vocab_file {provenance.relative_path(vocab)}'] = data.fingerprint([vocab])[vocab]
+    tok = self.file(TOKENIZER)
+    if os.path.isfile(tok):
+      files[TOKENIZER] = data.fingerprint([tok])[tok]
+    return dict(sorted(files.items()))
+
+  def write_config_and_fingerprint(self, config, fingerprint: dict) -> None:
+    """``config.json`` (once) and ``fingerprint.json`` (process 0)."""
+    if not self.exists(CONFIG):
+      self.write_json(CONFIG, saved_config(config))
+    self.write_json(FINGERPRINT, {
+        'data_dir': provenance.relative_path(train_config.data_dir(config)),
+        'files': fingerprint})
+
+  def stored_fingerprint(self) -> dict:
+    """``fingerprint.json``: ``{"data_dir", "files"}``."""
+    return read_json(self.file(FINGERPRINT))
+
+  # --------------------------------------------------------------------------- tokenizer
+
+  def copy_tokenizer(self, source: str) -> None:
+    """A run continuing ``source``'s prefix starts with that run's tokenizer (process 0
+    copies it, if this folder has none yet)."""
+    theirs = os.path.join(source, TOKENIZER)
+    if not self.exists(TOKENIZER) and os.path.exists(theirs) and self.chief:
+      shutil.copyfile(theirs, self.file(TOKENIZER))
+
+  def tokenizer(self, train_texts: list, vocab_size: int):
+    """``tokenizer.json``, trained (by process 0 alone when there are several) on
+    ``train_texts`` with ``vocab_size`` entries if it is not there yet."""
+    path = self.file(TOKENIZER)
+    sharding.sync('tokenizer: before looking')   # Every earlier write of process 0 is done.
+    exists = os.path.exists(path)
+    sharding.sync('tokenizer: looked')           # Nobody looks after process 0 writes it.
+    if exists:
+      return data.load_tokenizer(path)
+    tok = None
+    if self.chief:
+      tok = data.train_tokenizer(train_texts, vocab_size)
+      data.save_tokenizer(tok, path)
+    sharding.sync('tokenizer: written')
+    return tok if tok is not None else data.load_tokenizer(path)
+
+  def with_tokenizer(self, config, fingerprint: dict) -> dict:
+    """``fingerprint`` with the digest of ``tokenizer.json``, once it exists (and
+    ``fingerprint.json`` rewritten if that adds it); a retrained tokenizer must equal
+    the one the run started with."""
+    path = self.file(TOKENIZER)
+    if not os.path.isfile(path):
+      return fingerprint
+    digest = data.fingerprint([path])[path]
+    if fingerprint.get(TOKENIZER, digest) != digest:
+      raise cli.ConfigError(f'{path}: the tokenizer trained again (sha256 {digest[:12]}…) is '
+                            f'not the one this run started with ({fingerprint[TOKENIZER][:12]}…)'
+                            '; use a new workdir.')
+    new = dict(sorted({**fingerprint, TOKENIZER: digest}.items()))
+    if new != fingerprint:
+      self.write_config_and_fingerprint(config, new)
+    return new
+
+  # --------------------------------------------------------------------------- sessions, history
+
+  def sessions(self) -> list:
+    """``sessions.json`` (empty before the first session)."""
+    return read_json(self.file(SESSIONS)) if self.exists(SESSIONS) else []
+
+  def record_session(self, meta: dict) -> list:
+    """Appends this call's commit, date and devices to ``sessions.json``; returns them all.
+
+    A run resumed in a later session may run other code or on other devices: the
+    results keep every session (``results['sessions']``), not only the last one's
+    commit, and a change of device count (sharded sums, so the final parameters are
+    no longer bit-identical to an uninterrupted run) is logged as a warning.
+    """
+    sessions = self.sessions()
+    now = {'commit': meta.get('commit'), 'date': meta.get('date'),
+           'device_count': jax.device_count(), 'platform': jax.default_backend()}
+    if sessions and (sessions[-1]['device_count'], sessions[-1]['platform']) != (
+        now['device_count'], now['platform']):
+      logging.warning('Resuming %s on %d %s device(s) after %d %s: not bit-identical to an '
+                      'uninterrupted run.', self.path, now['device_count'], now['platform'],
+                      sessions[-1]['device_count'], sessions[-1]['platform'])
+    if sessions and sessions[-1]['commit'] != now['commit']:
+      logging.warning('Resuming %s at commit %s after %s.', self.path, now['commit'],
+                      sessions[-1]['commit'])
+    sessions.append(now)
+    self.write_json(SESSIONS, sessions)
+    return sessions
+
+  def history(self) -> list:
+    """The lines of ``history.jsonl`` (empty ones dropped; none before the first)."""
+    if not self.exists(HISTORY):
+      return []
+    with open(self.file(HISTORY)) as f:
+      return [line for line in f if line.strip()]
+
+  def append_history(self, record: dict) -> None:
+    """One line of ``history.jsonl`` (process 0); ``record['t']`` is its global step."""
+    if self.chief:
+      with open(self.file(HISTORY), 'a') as f:
+        f.write(json.dumps(record) + '\n')
+
+  def truncate_history(self, t: int) -> None:
+    """Drops history records written after the restored checkpoint (step ``t``): those
+    epochs and evaluations run again. A last line torn by a kill is dropped too."""
+    if not self.chief or not self.exists(HISTORY):
+      return
+    lines, kept = self.history(), []
+    for i, line in enumerate(lines):
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        if i == len(lines) - 1:
+          continue
+        raise
+      if record['t'] <= t:
+        kept.append(line if line.endswith('\n') else line + '\n')
+    self.write_text(HISTORY, ''.join(kept))
+
+  # --------------------------------------------------------------------------- checkpoints
+
+  @functools.cached_property
+  def checkpoint_manager(self):
+    """Orbax's manager of ``checkpoints/`` (the last two steps), opened on first use."""
+    return checkpoints.checkpoint_manager(self.path)
+
+  def save(self, ckpt, sharder=None) -> None:
+    """Saves the run's state (all processes call it; ``checkpoints.save``)."""
+    checkpoints.save(self.checkpoint_manager, ckpt, sharder)
+
+  def restore(self, target, sharder=None):
+    """The newest readable checkpoint, or ``target`` if none (``checkpoints.restore``)."""
+    return checkpoints.restore(self.checkpoint_manager, target, sharder)
+
+  def latest_checkpoint(self):
+    """The newest checkpoint as saved, without a target (a finished run's ``best_params``)."""
+    return checkpoints.read_latest(self.checkpoint_manager)
+
+  def save_prefix(self, ckpt, sharder=None) -> None:
+    """``prefix/``: the state after the Phase B epochs before the first Phase A stage."""
+    checkpoints.save_prefix(self.path, ckpt, sharder)
+
+  def restore_prefix(self, source: str, target, sharder=None):
+    """``target`` restored from ``<source>/prefix`` (``run.prefix_from``), or None if that
+    run has not saved it yet; this folder then starts with ``source``'s history up to
+    there and a ``prefix.json`` naming it (its sessions and its Phase B steps)."""
+    restored = checkpoints.restore_prefix(source, target, sharder)
+    if restored is None:
+      return None
+    theirs, t = RunFolder(source), int(restored['step_a']) + int(restored['step_b'])
+    self.write_text(HISTORY, ''.join(line for line in theirs.history()
+                                     if json.loads(line)['t'] <= t))
+    self.write_json(PREFIX_RECORD, {'from': source, 'phase_b_steps': int(restored['step_b']),
+                                    'sessions': theirs.sessions()})
+    logging.info('Phase B prefix (%d steps) taken from %s.', int(restored['step_b']),
+                 os.path.abspath(theirs.file(checkpoints.PREFIX)))
+    return restored
+
+  def prefix_record(self) -> Optional[dict]:
+    """``prefix.json`` (where the Phase B prefix was trained, and when), or None."""
+    return read_json(self.file(PREFIX_RECORD)) if self.exists(PREFIX_RECORD) else None
+
+  # --------------------------------------------------------------------------- writes
+
+  def open_writer(self):
+    """TensorBoard's ``tensorboard/`` (``summaries.FlushingWriter``) on process 0; None
+    elsewhere and without tensorboardX."""
+    return summaries.open_writer(self.path) if self.chief else None
+
+  def write_text(self, name: str, text: str) -> None:
+    """``<workdir>/<name>`` replaced atomically (process 0): a failed or killed write
+    leaves the old file (``provenance.write_atomic``)."""
+    if self.chief:
+      provenance.write_atomic(self.file(name), text)
+
+  def write_json(self, name: str, obj) -> None:
+    """``obj`` as ``<workdir>/<name>`` (indent 1), atomically, by process 0."""
+    if self.chief:
+      provenance.write_json_atomic(self.file(name), obj, indent=1)
+
+  def write_predictions(self, split: str, labels, probs) -> None:
+    """``predictions_<split>.npz`` (process 0), written atomically: ``labels`` [n] int32
+    and ``probs`` [n] float32, P(class 1) in row order."""
+    path = self.file(f'predictions_{split}.npz')
+    if self.chief:
+      with open(path + '.tmp', 'wb') as f:
+        np.savez(f, labels=np.asarray(labels, np.int32), probs=np.asarray(probs, np.float32))
+      os.replace(path + '.tmp', path)
 
 
-def release_workdir(workdir: str) -> None:
-  """Lets go of a workdir this process locked (nothing if it did not)."""
-  f = _HELD.pop(os.path.realpath(workdir), None)
-  if f is not None:
-    fcntl.flock(f, fcntl.LOCK_UN)
-    f.close()
+def _check_prefix_source(config, ours):
+  """Refuses a ``run.prefix_from`` run whose config differs in a field the prefix depends
+  on, or whose data fingerprint differs from ``ours`` (this run's, data now on disk)."""
+  source = config.run.prefix_from
+  theirs = RunFolder(source)
+  if not os.path.isfile(theirs.file(CONFIG)):
+    raise cli.ConfigError(f'config.run.prefix_from: {source!r} is not a run folder (no '
+                          'config.json).')
+  their_fields = checkpoints.prefix_fields(with_added_fields(read_json(theirs.file(CONFIG))))
+  mine = checkpoints.prefix_fields(saved_config(config))
+  diff = sorted(k for k in set(their_fields) | set(mine)
+                if their_fields.get(k) != mine.get(k))
+  if diff:
+    raise cli.ConfigError(f'config.run.prefix_from: {source!r} trained with other values of '
+                          f'{diff}; its Phase B prefix is not this run\'s.')
+  if not theirs.exists(FINGERPRINT):
+    logging.warning('config.run.prefix_from: %s has no %s (trained before data fingerprints): '
+                    'its data is not compared with this run\'s.', source, FINGERPRINT)
+    return
+  stored = stored_files(theirs.file(FINGERPRINT))
+  if TOKENIZER not in ours:      # Ours is copied from theirs.
+    stored = {k: v for k, v in stored.items() if k != TOKENIZER}
+  try:
+    data.check_fingerprint(stored, ours, what=f'config.run.prefix_from: the data {source!r} '
+                           'trained on')
+  except ValueError as e:
+    raise cli.ConfigError(f'{e} Its Phase B prefix is not this run\'s.') from None

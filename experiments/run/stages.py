@@ -17,8 +17,6 @@ The forward passes over a split that both phases use (metrics, pooled keys) are
 """
 
 import dataclasses
-import json
-import os
 from typing import Any, Callable, Optional
 
 import jax
@@ -50,9 +48,10 @@ def train_batches(encoded, batch_size, seed, step, steps_per_epoch, d, epoch_off
 @dataclasses.dataclass
 class Run:
   """What every stage of one run shares. ``ckpt`` is the checkpointed state (a dict
-  of arrays, updated in place); ``save()`` writes it."""
+  of arrays, updated in place); ``save()`` writes it. ``folder``: the run's
+  ``run_folder.RunFolder`` (history, checkpoints and results go through it)."""
   config: Any
-  workdir: str
+  folder: Any                   # experiments.run.run_folder.RunFolder
   kind: str                     # 'kernel', 'ball', 'vanilla' or 'other' (no particles)
   model: Any
   encoded: dict                 # 'train', 'validation', 'test': data.Encoded
@@ -77,6 +76,11 @@ class Run:
   progress: Any = None          # experiments.common.progress.Progress over all the run's steps
   steps_this_call: int = 0
 
+  @property
+  def workdir(self) -> str:
+    """The run folder's path (``folder.path``)."""
+    return self.folder.path
+
   def out_of_time(self) -> bool:
     return self.stop_after_steps is not None and self.steps_this_call >= self.stop_after_steps
 
@@ -91,9 +95,8 @@ class Run:
     return self.progress.line().split('] ', 1)[-1]
 
   def log_record(self, record: dict) -> None:
-    if self.chief:
-      with open(os.path.join(self.workdir, 'history.jsonl'), 'a') as f:
-        f.write(json.dumps(dict(record, t=self.global_step())) + '\n')
+    """One line of ``history.jsonl`` (process 0), ``t`` the global step."""
+    self.folder.append_history(dict(record, t=self.global_step()))
 
   def log_scalars(self, prefix, values, step):
     if self.writer is not None:

@@ -3,7 +3,8 @@ r"""TensorBoard for a run: scalars in ``<workdir>/tensorboard``, flushed as they
 ``open_writer(workdir)``: tensorboardX's ``SummaryWriter`` wrapped so that every
 scalar is on disk at once (the curves of a killed run survive it), with the
 config's fields and the final metrics on the HPARAMS tab at the end; None, with
-one warning, if tensorboardX is not installed.
+one warning, if tensorboardX is not installed. A run opens it through its folder
+(``run_folder.RunFolder.open_writer``, process 0).
 """
 
 import os
