@@ -24,7 +24,9 @@ log φ(k̃_j)_f) (``features.log_features``), so nothing over- or underflows at 
 input scale; this costs ``[..., L_q, L_k, F]`` memory (meant for the tiny row
 sets of mimicry training, not for long sequences). Masked keys (``key_mask``
 False) get weight 0 in both rows; their values are replaced by 0 before any
-compute, so they change neither outputs nor gradients, NaN included.
+compute, so they change neither outputs nor gradients, NaN included. Padded query
+rows (``query_mask`` False) are left out of every mean (a loss over a padded batch
+is the loss over its real rows).
 
 **Counting features N.** ``favor`` (and the other separable maps but
 ``softmaxfeat``): M particles ``[M, d]`` → M features. ``hedgehog`` and
@@ -63,7 +65,7 @@ def _check_map(feature_map) -> None:
                      f'{feature_map!r}.')
 
 
-def _check_qk(q, k, key_mask) -> None:
+def _check_qk(q, k, key_mask, query_mask=None) -> None:
   _checks.check_min_rank('q', q, 2)
   _checks.check_min_rank('k', k, 2)
   if np.shape(q)[:-2] != np.shape(k)[:-2] or np.shape(q)[-1] != np.shape(k)[-1]:
@@ -72,11 +74,14 @@ def _check_qk(q, k, key_mask) -> None:
   if key_mask is not None and np.shape(key_mask) != np.shape(k)[:-1]:
     raise ValueError(f'key_mask must have shape {np.shape(k)[:-1]} (k without its last axis), '
                      f'got {np.shape(key_mask)}.')
+  if query_mask is not None and np.shape(query_mask) != np.shape(q)[:-1]:
+    raise ValueError(f'query_mask must have shape {np.shape(q)[:-1]} (q without its last '
+                     f'axis), got {np.shape(query_mask)}.')
 
 
-def _check_all(q, k, omega, feature_map, key_mask) -> None:
+def _check_all(q, k, omega, feature_map, key_mask, query_mask=None) -> None:
   _check_map(feature_map)
-  _check_qk(q, k, key_mask)
+  _check_qk(q, k, key_mask, query_mask)
   _checks.check_particles('omega', omega)
   _checks.check_same_last_dim('q', q, 'omega', omega)
 
@@ -89,6 +94,14 @@ def _prepare(q, k, key_mask, *others):
           else jnp.asarray(key_mask, bool))
   k = jnp.where(mask[..., None], k, 0.0)
   return q, k, mask, dtype
+
+
+def _row_mean(values, query_mask):
+  """Mean of per-row ``values: [..., L_q]`` over the real query rows (all if ``None``)."""
+  if query_mask is None:
+    return jnp.mean(values)
+  w = jnp.asarray(query_mask, values.dtype)
+  return jnp.sum(jnp.where(w > 0, values, 0.0)) / jnp.maximum(jnp.sum(w), 1.0)
 
 
 def _masked_log_softmax(x, mask):
@@ -193,6 +206,22 @@ def linear_attention_weights(phi_q: jax.Array, phi_k: jax.Array,
   return kern / jnp.maximum(jnp.sum(kern, axis=-1, keepdims=True), eps)
 
 
+def kernel_attention_weights(q: jax.Array, k: jax.Array, omega: jax.Array,
+                             feature_map: str = 'favor',
+                             key_mask: Optional[jax.Array] = None) -> jax.Array:
+  r"""A_lin of the particles, ``[..., L_q, L_k]``: the rows linear attention uses.
+
+  A_lin[i, j] = K_φ[i, j] / Σ_{j' real} K_φ[i, j'] with K_φ = φ(q̃)φ(k̃)ᵀ, q̃ = d^{−1/4} q,
+  k̃ = d^{−1/4} k, computed in log space (exact at any input scale); masked keys get
+  weight 0. ``A_lin @ v`` is what linear attention outputs (without ever forming A_lin);
+  compare with ``softmax_attention_weights(q, k, key_mask)``. Arguments as
+  ``attention_cross_entropy``.
+  """
+  _check_all(q, k, omega, feature_map, key_mask)
+  _, log_lin, mask = _log_weights(q, k, omega, feature_map, key_mask)
+  return jnp.where(mask, jnp.exp(log_lin), 0.0)
+
+
 def _log_kernel(q, k, omega, feature_map):
   """log K_φ ``[..., L_q, L_k]`` of the scaled inputs, exact in log space."""
   scale = q.shape[-1] ** -0.25
@@ -212,53 +241,61 @@ def _log_weights(q, k, omega, feature_map, key_mask):
 
 def attention_cross_entropy(q: jax.Array, k: jax.Array, omega: jax.Array,
                             feature_map: str = 'favor',
-                            key_mask: Optional[jax.Array] = None) -> jax.Array:
+                            key_mask: Optional[jax.Array] = None,
+                            query_mask: Optional[jax.Array] = None) -> jax.Array:
   r"""Hedgehog's loss CE = mean_i −Σ_j A_soft[i, j] log A_lin[i, j] (scalar).
 
   log A_lin[i, j] = log K_φ[i, j] − logsumexp_{j' real} log K_φ[i, j'] with
   log K_φ[i, j] = logsumexp_f (log φ(q̃_i)_f + log φ(k̃_j)_f), q̃ = d^{−1/4} q,
-  k̃ = d^{−1/4} k. The mean runs over query rows and leading axes.
+  k̃ = d^{−1/4} k. The mean runs over the real query rows and leading axes.
 
   Args:
     q: ``[..., L_q, d]`` queries; k: ``[..., L_k, d]`` keys.
     omega: ``[M, d]`` particles (``hedgehog``: its W).
     feature_map: a name in ``MIMICRY_FEATURE_MAPS``.
     key_mask: optional ``[..., L_k]`` bool, True for real keys.
+    query_mask: optional ``[..., L_q]`` bool, True for real query rows (the others are
+      left out of the mean).
   """
-  _check_all(q, k, omega, feature_map, key_mask)
+  _check_all(q, k, omega, feature_map, key_mask, query_mask)
   log_soft, log_lin, mask = _log_weights(q, k, omega, feature_map, key_mask)
   terms = jnp.where(mask, jnp.exp(log_soft) * log_lin, 0.0)
-  return -jnp.mean(jnp.sum(terms, axis=-1))
+  return -_row_mean(jnp.sum(terms, axis=-1), query_mask)
 
 
 def attention_kl(q: jax.Array, k: jax.Array, omega: jax.Array,
                  feature_map: str = 'favor',
-                 key_mask: Optional[jax.Array] = None) -> jax.Array:
+                 key_mask: Optional[jax.Array] = None,
+                 query_mask: Optional[jax.Array] = None) -> jax.Array:
   r"""KL = CE − H(A_soft) = mean_i Σ_j A_soft[i, j](log A_soft[i, j] − log A_lin[i, j]).
 
   ≥ 0 and 0 iff every row of A_lin equals A_soft's; summed as one difference of
   logarithms (no cancellation between CE and the entropy). Arguments as
   ``attention_cross_entropy``.
   """
-  _check_all(q, k, omega, feature_map, key_mask)
+  _check_all(q, k, omega, feature_map, key_mask, query_mask)
   log_soft, log_lin, mask = _log_weights(q, k, omega, feature_map, key_mask)
   terms = jnp.where(mask, jnp.exp(log_soft) * (log_soft - log_lin), 0.0)
-  return jnp.mean(jnp.sum(terms, axis=-1))
+  return _row_mean(jnp.sum(terms, axis=-1), query_mask)
 
 
 def softmax_kernel_alignment(q: jax.Array, k: jax.Array, omega: jax.Array,
                              feature_map: str = 'favor',
-                             key_mask: Optional[jax.Array] = None) -> jax.Array:
+                             key_mask: Optional[jax.Array] = None,
+                             query_mask: Optional[jax.Array] = None) -> jax.Array:
   r"""Cosine ⟨K_φ, K_soft⟩_F / (‖K_φ‖_F ‖K_soft‖_F) ∈ [0, 1] (positive maps), scalar.
 
   K_φ = φ(q̃)φ(k̃)ᵀ and K_soft = exp(qkᵀ/√d), ``[..., L_q, L_k]``, over the real keys.
   Each matrix is divided by its largest entry (a stop-gradient shift in log space:
   a common factor cancels in the cosine), so neither over- nor underflows. With
-  leading axes the cosine is taken per leading index and averaged.
+  leading axes the cosine is taken per leading index and averaged. ``query_mask``:
+  only the real query rows' entries count.
   """
-  _check_all(q, k, omega, feature_map, key_mask)
+  _check_all(q, k, omega, feature_map, key_mask, query_mask)
   q, k, mask, dtype = _prepare(q, k, key_mask, omega)
   pair = mask[..., None, :]
+  if query_mask is not None:
+    pair = pair & jnp.asarray(query_mask, bool)[..., :, None]
 
   def unit_max(log_m):
     m = jnp.max(jnp.where(pair, log_m, -jnp.inf), axis=(-2, -1), keepdims=True)
@@ -278,7 +315,7 @@ def softmax_kernel_alignment(q: jax.Array, k: jax.Array, omega: jax.Array,
 _DATA_TERMS = {
     'cross_entropy': attention_cross_entropy,
     'kl': attention_kl,
-    'alignment': lambda *a: -softmax_kernel_alignment(*a),
+    'alignment': lambda *a, **kw: -softmax_kernel_alignment(*a, **kw),
 }
 
 
@@ -286,13 +323,14 @@ def mimicry_hamiltonian_terms(
     omega: jax.Array, q: jax.Array, k: jax.Array, *,
     feature_map: str, lam: float, s: repulsion.Exponent = 'coulomb',
     softening: float = repulsion.DEFAULT_SOFTENING, target: str = 'cross_entropy',
-    key_mask: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
+    key_mask: Optional[jax.Array] = None,
+    query_mask: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
   """``(data_term, repulsion_term)``; arguments as ``mimicry_hamiltonian``."""
   if target not in TARGETS:
     raise ValueError(f'target must be one of {TARGETS}, got {target!r}.')
-  _check_all(q, k, omega, feature_map, key_mask)
+  _check_all(q, k, omega, feature_map, key_mask, query_mask)
   _checks.check_nonnegative('lam', lam)   # λ < 0 would attract the particles together
-  data = _DATA_TERMS[target](q, k, omega, feature_map, key_mask)
+  data = _DATA_TERMS[target](q, k, omega, feature_map, key_mask, query_mask=query_mask)
   return data, repulsion.riesz_energy(omega, s, softening)
 
 
@@ -300,7 +338,8 @@ def mimicry_hamiltonian(
     omega: jax.Array, q: jax.Array, k: jax.Array, *,
     feature_map: str, lam: float, s: repulsion.Exponent = 'coulomb',
     softening: float = repulsion.DEFAULT_SOFTENING, target: str = 'cross_entropy',
-    key_mask: Optional[jax.Array] = None) -> jax.Array:
+    key_mask: Optional[jax.Array] = None,
+    query_mask: Optional[jax.Array] = None) -> jax.Array:
   r"""H(Ω) = D(Ω) + λ·W_s(Ω) (scalar): the label Hamiltonian with softmax as the target.
 
   D is CE (``"cross_entropy"``), KL (``"kl"``, same gradient as CE) or
@@ -316,9 +355,11 @@ def mimicry_hamiltonian(
     softening: ε ≥ 0 of the Riesz kernel.
     target: a name in ``TARGETS``.
     key_mask: optional ``[..., L_k]`` bool, True for real keys.
+    query_mask: optional ``[..., L_q]`` bool, True for real query rows.
   """
   data, rep = mimicry_hamiltonian_terms(omega, q, k, feature_map=feature_map, lam=lam, s=s,
-                                        softening=softening, target=target, key_mask=key_mask)
+                                        softening=softening, target=target, key_mask=key_mask,
+                                        query_mask=query_mask)
   return data + lam * rep
 
 

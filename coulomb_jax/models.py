@@ -23,7 +23,7 @@ with a ValueError naming both shapes.
 """
 
 import functools
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -204,9 +204,17 @@ class LinformerAttention(nn.Module):
 
 class SoftmaxAttention(nn.Module):
   """Softmax attention (Vaswani et al.): flax's dot-product attention, padded keys
-  (``mask: [B, L]`` False) masked; ``causal=True`` also hides keys after each query."""
+  (``mask: [B, L]`` False) masked; ``causal=True`` also hides keys after each query.
+
+  ``attention_fn``: what ``nn.MultiHeadDotProductAttention`` computes from its projected
+  ``(query, key, value)`` (default flax's ``dot_product_attention``). A trained softmax
+  model is *converted* to linear attention by passing
+  ``flax_attention.kernel_attention_fn(omega)``: the parameters (query, key, value,
+  out) are the same, so the trained ones load unchanged.
+  """
   num_heads: int
   causal: bool = False
+  attention_fn: Optional[Callable] = None
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
@@ -214,7 +222,8 @@ class SoftmaxAttention(nn.Module):
     attn_mask = None if mask is None else nn.make_attention_mask(mask, mask)
     if self.causal:
       attn_mask = nn.combine_masks(nn.make_causal_mask(jnp.ones(x.shape[:2], bool)), attn_mask)
-    return nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name='mha')(
+    kwargs = {} if self.attention_fn is None else {'attention_fn': self.attention_fn}
+    return nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name='mha', **kwargs)(
         x, x, mask=attn_mask, deterministic=True)
 
 
@@ -242,7 +251,10 @@ class EncoderClassifier(nn.Module):
   ``qk_mode="projected"``, ``orthogonal=True``), ``"softmax"`` or ``"linformer"``.
   Call with ``ids, segments: [B, L]`` int and ``mask: [B, L]`` bool (True = real
   token); returns ``[B, num_classes]`` float32 logits. Padding changes neither: padded
-  slots may hold any integer (they are embedded as id 0). Eager calls check that real
+  slots may hold any integer (they are embedded as id 0). ``attention_fns`` (with
+  ``attention="softmax"``): one ``attention_fn`` per layer for ``SoftmaxAttention``, e.g.
+  ``flax_attention.kernel_attention_fn`` of that layer's particles (the conversion of a
+  trained softmax model; same parameters). Eager calls check that real
   ids lie in [0, vocab_size) and segments in {0, 1} (one ValueError naming the value);
   under jit out-of-range real ids are not checked.
   """
@@ -262,16 +274,25 @@ class EncoderClassifier(nn.Module):
   linformer_length: int = 64
   chunk_size: Optional[int] = None
   init_radius: Optional[float] = None
+  attention_fns: Optional[Sequence[Callable]] = None
 
   def _attention(self, index):
     name = f'attention_{index}'
+    if self.attention_fns is not None and self.attention != 'softmax':
+      raise ValueError("attention_fns: only for attention='softmax' (the model to convert), "
+                       f'got attention={self.attention!r}.')
     if self.attention == 'kernel':
       return KernelAttention(num_heads=self.num_heads, feature_map=self.feature_map,
                              num_features=self.num_features, qk_mode=self.qk_mode,
                              orthogonal=self.orthogonal, chunk_size=self.chunk_size,
                              init_radius=self.init_radius, name=name)
     if self.attention == 'softmax':
-      return SoftmaxAttention(num_heads=self.num_heads, name=name)
+      fns = self.attention_fns
+      if fns is not None and len(fns) != self.num_layers:
+        raise ValueError(f'attention_fns: expected one per layer ({self.num_layers}), got '
+                         f'{len(fns)}.')
+      return SoftmaxAttention(num_heads=self.num_heads, name=name,
+                              attention_fn=None if fns is None else fns[index])
     if self.attention == 'linformer':
       return LinformerAttention(num_heads=self.num_heads, max_length=self.max_length,
                                 proj_length=self.linformer_length, name=name)

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from experiments.analysis import plots
-from experiments.common import provenance
+from experiments.common import page_block
 from experiments.recall import methods
 
 BEGIN = '<!-- mqar:begin (written by python -m experiments.mqar --page) -->'
@@ -86,15 +86,5 @@ def write_page(results: str, page: str, figure_path: str) -> None:
     table = json.load(f)
   figure(table, figure_path)
   rel = os.path.relpath(figure_path, os.path.dirname(page))
-  block = [BEGIN, f'![accuracy against sequence length]({rel})', ''] + table_lines(table)
-  block.append(END)
-  text = ''
-  if os.path.exists(page):
-    with open(page) as f:
-      text = f.read()
-  if BEGIN in text and END in text:
-    head, rest = text.split(BEGIN, 1)
-    text = head + '\n'.join(block) + rest.split(END, 1)[1]
-  else:
-    text = text + ('\n' if text else '') + '\n'.join(block) + '\n'
-  provenance.write_atomic(page, text)
+  page_block.write_block(page, BEGIN, END,
+                         [f'![accuracy against sequence length]({rel})', ''] + table_lines(table))

@@ -1,0 +1,125 @@
+r"""Softmax mimicry: how close each feature map gets to trained softmax attention, and what
+converting a trained softmax encoder to it keeps.
+
+  python -m experiments.softmax_mimicry --runs=workdir/softmax --workdir=workdir/softmax_mimicry \
+      --out=results/softmax_mimicry.json --page=docs/softmax_mimicry.md
+
+``--runs`` holds finished softmax encoders ``<runs>/<dataset>/softmax/seed<k>`` (trained
+by ``python -m experiments.grid --variants=softmax``; docs/softmax_mimicry.md has the
+command). For every dataset and seed it runs the parts of ``experiments/mimicry/study.py``
+(the pilot once, then fidelity and conversion per encoder), each kept in ``--workdir``
+and skipped when done, so the same command resumes. Then it writes ``--out`` (the binding
+schema of issue 24: ``fidelity`` and ``conversion``, plus ``headline``, ``settings``,
+``pilot`` and provenance) from every part file there, and, with ``--page``, redraws the
+page's figures and tables between its markers (``experiments/mimicry/page.py``).
+``--collect_only``: only that last step. Every argument is checked before any compute.
+"""
+
+import os
+import sys
+
+if __name__ == '__main__' and not __package__:
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags
+from ml_collections import config_flags
+
+from experiments.common import cli
+from experiments.mimicry import collect
+from experiments.mimicry import encoders
+from experiments.mimicry import fit
+from experiments.mimicry import page as page_lib
+from experiments.mimicry import study
+
+FLAGS = flags.FLAGS
+DATASETS = ('rotten_tomatoes', 'sst2')
+PARTS = ('fidelity', 'conversion')
+
+
+def check_config(config) -> None:
+  """The study's config, before any compute: one ``cli.ConfigError`` naming the field."""
+  ns = tuple(config.num_features)
+  if not ns or any(not isinstance(n, int) or n < 2 or n % 2 for n in ns):
+    raise cli.ConfigError(f'config.num_features: even integers >= 2 (hedgehog uses N/2 rows), '
+                          f'got {ns}.')
+  bad = [n for n in config.conversion_features if n not in ns]
+  if bad:
+    raise cli.ConfigError(f'config.conversion_features: {bad} not in config.num_features {ns}.')
+  for name in ('fit_rows', 'heldout_rows', 'batch_size', 'pad_multiple'):
+    if not isinstance(config.data[name], int) or config.data[name] < 1:
+      raise cli.ConfigError(f'config.data.{name}: an integer >= 1, got {config.data[name]!r}.')
+  if not isinstance(config.fit.steps, int) or config.fit.steps < 1:
+    raise cli.ConfigError(f'config.fit.steps: an integer >= 1, got {config.fit.steps!r}.')
+  for name in ('radius', 'clip_norm', 'step_size', 'beta', 'flow_step_size',
+               'labels_step_size', 'hedgehog_learning_rate'):
+    value = config.fit[name]
+    if not isinstance(value, (int, float)) or not value > 0:
+      raise cli.ConfigError(f'config.fit.{name}: a number > 0, got {value!r}.')
+  if config.pilot.dataset not in DATASETS:
+    raise cli.ConfigError(f'config.pilot.dataset: one of {DATASETS}, got '
+                          f'{config.pilot.dataset!r}.')
+  c = config.conversion
+  if not c.learning_rate > 0 or c.batch_size < 1 or c.finetune_rows < c.batch_size:
+    raise cli.ConfigError(f'config.conversion: learning_rate > 0, batch_size >= 1 and '
+                          f'finetune_rows >= batch_size, got {c.learning_rate}, '
+                          f'{c.batch_size}, {c.finetune_rows}.')
+
+
+def _parse(argv):
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  datasets = FLAGS.datasets
+  bad = [d for d in datasets if d not in DATASETS]
+  if bad or not datasets:
+    raise cli.ConfigError(f'--datasets: names from {DATASETS}, got {datasets}.')
+  try:
+    seeds = [int(s) for s in FLAGS.seeds]
+  except ValueError:
+    raise cli.ConfigError(f'--seeds: integers, got {FLAGS.seeds}.') from None
+  if not seeds or min(seeds) < 0:
+    raise cli.ConfigError(f'--seeds: integers >= 0, got {FLAGS.seeds}.')
+  parts = FLAGS.parts
+  if any(p not in PARTS for p in parts):
+    raise cli.ConfigError(f'--parts: names from {PARTS}, got {parts}.')
+  return datasets, seeds, parts
+
+
+def main(argv):
+  datasets, seeds, parts = _parse(argv)
+  config = FLAGS.config
+  check_config(config)
+  if not FLAGS.collect_only:
+    runs = {(d, s): encoders.run_dir(FLAGS.runs, d, s) for d in datasets for s in seeds}
+    pilot_run = encoders.run_dir(FLAGS.runs, config.pilot.dataset, config.pilot.seed)
+    for path in list(runs.values()) + [pilot_run]:   # every encoder is there before compute
+      encoders.check_run(path)
+    log = lambda line: print(line, flush=True)
+    os.makedirs(FLAGS.workdir, exist_ok=True)
+    pilot = study.run_pilot(config, encoders.load_encoder(pilot_run),
+                            os.path.join(FLAGS.workdir, 'pilot.json'), log)
+    settings = study.settings_from(config, pilot)
+    for (dataset, seed), path in runs.items():
+      encoder = encoders.load_encoder(path)
+      out_dir = study.part_dir(FLAGS.workdir, dataset, seed)
+      if 'fidelity' in parts:
+        study.run_fidelity(config, settings, encoder, seed, out_dir, log)
+      if 'conversion' in parts:
+        study.run_conversion(config, encoder, seed, out_dir, log)
+  table = collect.write_results(config, FLAGS.workdir, FLAGS.out)
+  if FLAGS.page:
+    page_lib.write_page(table, FLAGS.page, FLAGS.figures)
+
+
+if __name__ == '__main__':
+  config_flags.DEFINE_config_file('config', 'configs/softmax_mimicry.py', 'The study config.',
+                                  lock_config=False)
+  flags.DEFINE_string('runs', 'workdir/softmax', 'Root of the trained softmax encoders.')
+  flags.DEFINE_list('datasets', list(DATASETS), f'Datasets, from {DATASETS}.')
+  flags.DEFINE_list('seeds', ['0', '1', '2'], 'Encoder seeds.')
+  flags.DEFINE_list('parts', list(PARTS), f'Parts to run, from {PARTS}.')
+  flags.DEFINE_string('workdir', 'workdir/softmax_mimicry', 'Where each part is kept.')
+  flags.DEFINE_string('out', 'results/softmax_mimicry.json', 'The results file.')
+  flags.DEFINE_string('page', '', 'Also redraw this page (docs/softmax_mimicry.md).')
+  flags.DEFINE_string('figures', 'docs/figures', 'Folder of the page\'s figures.')
+  flags.DEFINE_bool('collect_only', False, 'Only write --out (and --page) from --workdir.')
+  cli.run(main)
