@@ -113,6 +113,14 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.phase_a = ml_collections.ConfigDict()
   # Learn the particles before Phase B (Kernel-X); False keeps them at their random draw.
   config.phase_a.enabled = True
+  # What the particles learn (coulomb_jax.training.PHASE_A_TARGETS). 'labels' (the paper):
+  # −(kernel-target alignment of each head's pooled keys with the ±1 labels) + λ·repulsion.
+  # 'softmax': each head's softmax-mimicry Hamiltonian, the cross-entropy between softmax
+  # attention and the particles' linear attention on the head's own queries and keys of
+  # the Phase A batch's real tokens (coulomb_jax.mimicry, Hedgehog's loss) + λ·repulsion;
+  # labels unused, held-out attention KL instead of ρ, no shuffled-label null. It costs
+  # [B, L, L, M] per head and step, and one encoder forward per step in every schedule.
+  config.phase_a.target = 'labels'
   # Langevin step size η (the paper: 2e-3).
   config.phase_a.step_size = 2e-3
   # Inverse temperature β (the paper: 50).

@@ -100,3 +100,16 @@ def test_learn_modifier_sets_the_learning_regime_and_passes_the_checks():
   train_config.check_config(quick)
   # The paper's settings stay the default.
   assert text.get_text_config('rotten_tomatoes', 'kernel-elu').phase_a.schedule == 'joint'
+
+
+@pytest.mark.parametrize('variant', ['kernel-favor', 'kernel-elu,learn', 'kernel-softmaxfeat,quick'])
+def test_phase_a_target_is_labels_by_default_and_softmax_passes_the_checks(variant):
+  c = text.get_text_config('rotten_tomatoes', variant)
+  assert c.phase_a.target == 'labels'
+  c.data.data_dir = DATA_DIR if os.path.isdir(DATA_DIR) else REPO
+  c.phase_a.target = 'softmax'
+  train_config.check_config(c)
+  c.phase_a.target = 'hedgehog'
+  with pytest.raises(ValueError, match=r"config\.phase_a\.target: expected one of \('labels', "
+                                       r"'softmax'\), got 'hedgehog'"):
+    train_config.check_config(c)

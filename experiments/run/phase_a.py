@@ -19,6 +19,16 @@ A Kernel-X Phase A stage also measures whether its particles learn, into
   ``phase_a.null_run``); the particles' median displacement next to that of a
   noise-only projected walk of the same length, and the fraction of particles
   strictly inside the ball (not pinned to its sphere).
+
+``phase_a.target = 'softmax'`` (``training.phase_a_mimicry_objective``): the same
+dynamics, schedules and diagnostics on each layer's softmax-mimicry Hamiltonian of
+its own queries and keys (one encoder forward per step, in the layer-wise stages
+too: nothing is cached). Then the data force is ∇CE (``repulsion_to_alignment`` is
+λ‖∇W‖/‖∇CE‖), ΔU is the range of the first variation of CE
+(``training.phase_a_mimicry_potentials``), the held-out statistic is the attention
+KL(softmax ‖ linear) (``training.heldout_attention_kl``, ``heldout_kl``) on the
+held-out rows' tokens, and there is no shuffled-label null (the target uses no
+labels); the stage summary says so under ``null_run``.
 """
 
 import itertools
@@ -41,6 +51,9 @@ from experiments.run import stages
 from experiments.run.stages import f32, i32
 
 STAGES_FILE = 'phase_a_stages.json'
+# What the stage summary of a softmax-target stage says instead of the null's results.
+NULL_SKIPPED = ('shuffled-label null not run: the softmax target uses no labels, so it '
+                'would be the same run')
 # Probe points (besides the particles) where the one-particle potential's range is read.
 NUM_PROBES = 1024
 # Offsets of the keys the diagnostics draw (never the dynamics' own keys).
@@ -89,35 +102,102 @@ def _objective(config, lam):
   return dict(feature_map=config.model.feature_map, lam=lam, s=riesz_s, softening=a.softening)
 
 
+def _softmax(config) -> bool:
+  return config.phase_a.target == 'softmax'
+
+
+def _token_batches(rows, config):
+  """Padded token batches of ``rows`` of ``phase_a.batch_size`` (fixed order and padding)."""
+  d = config.data
+  return data.batches(rows, config.phase_a.batch_size, seed=0, pad_multiple=d.pad_multiple,
+                      bucket_size=d.bucket_size)
+
+
+def _token_mean(run, rows, fn, params):
+  """``fn(params, batch) -> (tree, n)`` averaged over the batches of ``rows`` with weights n
+  (the real query tokens), on the host."""
+  total, count = None, 0.0
+  for batch in _token_batches(rows, run.config):
+    tree, n = jax.device_get(fn(params, run.sharder.batch(batch)))
+    tree = jax.tree.map(lambda x: np.asarray(x, np.float64) * float(n), tree)
+    total = tree if total is None else jax.tree.map(np.add, total, tree)
+    count += float(n)
+  return jax.tree.map(lambda x: (x / max(count, 1.0)).astype(np.float32), total)
+
+
+def _mimicry_fn(run, paths, statistic):
+  """Jitted ``(params, batch) -> (statistic(params, inputs, mask), Σ mask)`` on the queries
+  and keys of ``paths`` (``training.mimicry_inputs``; the layers above are not computed)."""
+  paths = [tuple(p) for p in paths]
+
+  def fn(params, batch):
+    inputs = training.mimicry_inputs(run.model, params, batch)
+    mask = training.token_mask(batch)
+    return statistic(params, {p: inputs[p] for p in paths}, mask), jnp.sum(mask)
+
+  return jax.jit(fn)
+
+
+def _calibrate_softmax(run, stage, params, rows) -> dict:
+  """``calibrate`` for the softmax target: forces and potentials averaged over token batches."""
+  a, fm = run.config.phase_a, run.config.model.feature_map
+  only = stages.only_path(run, stage)
+  kw = _objective(run.config, 1.0)
+  probe_key = jax.random.fold_in(stage_key(run, stage), _PROBE_KEY)
+
+  def statistic(p, inputs, mask):
+    forces = training.phase_a_mimicry_forces(p, inputs, mask, only=only, **kw)
+    potentials = training.phase_a_mimicry_potentials(
+        probe_key, p, inputs, mask, feature_map=fm, radius=a.radius, num_probes=NUM_PROBES,
+        only=only)
+    return {k: forces[k] for k in ('cross_entropy', 'repulsion')}, potentials
+
+  unit, potentials = _token_mean(run, rows, _mimicry_fn(run, stages.stage_paths(run, stage),
+                                                        statistic), params)
+  lam = (ld.relative_lam(unit['repulsion'], unit['cross_entropy'], a.relative_lam)
+         if a.relative_lam else float(a.lam))
+  grad_h = {p: unit['cross_entropy'][p] + lam * unit['repulsion'][p] for p in unit['repulsion']}
+  ranges = {'/'.join(p): [float(x) for x in np.asarray(ld.potential_range(u))]
+            for p, u in potentials.items()}
+  return {'lam': lam, 'ranges': ranges, 'grad_h': grad_h}
+
+
 def calibrate(run: stages.Run, index: int, stage, params) -> dict:
   """λ, β, η of the stage and each head's potential range ΔU, at ``params`` projected.
 
   On ``phase_a.calibration_rows`` fixed training rows (deterministic, so a resumed
   stage recomputes the same values). Fixed config values unless a rule is on:
   λ = relative_lam·median‖∇A_k‖/median‖∇W_k‖; β = gibbs_tilt / median ΔU;
-  η such that the median drift is relative_step·R.
+  η such that the median drift is relative_step·R. The softmax target: ∇CE in place of
+  ∇A and the first variation of CE as the potential, on token batches of
+  ``phase_a.batch_size`` (``_calibrate_softmax``).
   """
   a = run.config.phase_a
   paths = stages.stage_paths(run, stage)
   only = stages.only_path(run, stage)
   params = stages.projected(params, paths, a.radius)
   rows = evaluation.subset(run.encoded['train'], a.calibration_rows, seed=run.config.seed)
-  inputs = evaluation.pooled_keys(run.inputs_fn, params, rows, paths, run.sharder, run.config)
-  labels = np.asarray(rows.labels, np.int32)
-  weights = np.ones(len(labels), np.float32)
-  forces = jax.jit(lambda p, lam: training.phase_a_forces(
-      p, inputs, labels, weights, only=only, **_objective(run.config, lam)))
-  unit = forces(params, 1.0)
-  lam = (ld.relative_lam(unit['repulsion'], unit['alignment'], a.relative_lam)
-         if a.relative_lam else float(a.lam))
-  ranges = training.phase_a_potential_range(
-      jax.random.fold_in(stage_key(run, stage), _PROBE_KEY), params, inputs, labels,
-      feature_map=run.config.model.feature_map, radius=a.radius, num_probes=NUM_PROBES,
-      only=only)
-  ranges = {'/'.join(p): [float(x) for x in np.asarray(v)] for p, v in ranges.items()}
+  if _softmax(run.config):
+    soft = _calibrate_softmax(run, stage, params, rows)
+    lam, ranges, grad_h = soft['lam'], soft['ranges'], soft['grad_h']
+  else:
+    inputs = evaluation.pooled_keys(run.inputs_fn, params, rows, paths, run.sharder,
+                                    run.config)
+    labels = np.asarray(rows.labels, np.int32)
+    weights = np.ones(len(labels), np.float32)
+    forces = jax.jit(lambda p, lam: training.phase_a_forces(
+        p, inputs, labels, weights, only=only, **_objective(run.config, lam)))
+    unit = forces(params, 1.0)
+    lam = (ld.relative_lam(unit['repulsion'], unit['alignment'], a.relative_lam)
+           if a.relative_lam else float(a.lam))
+    ranges = training.phase_a_potential_range(
+        jax.random.fold_in(stage_key(run, stage), _PROBE_KEY), params, inputs, labels,
+        feature_map=run.config.model.feature_map, radius=a.radius, num_probes=NUM_PROBES,
+        only=only)
+    ranges = {'/'.join(p): [float(x) for x in np.asarray(v)] for p, v in ranges.items()}
+    grad_h = forces(params, lam)['hamiltonian'] if lam != 1.0 else unit['hamiltonian']
   median_range = float(np.median(np.concatenate([np.asarray(v) for v in ranges.values()])))
   beta = ld.tilt_beta(median_range, a.gibbs_tilt) if a.gibbs_tilt else float(a.beta)
-  grad_h = forces(params, lam)['hamiltonian'] if lam != 1.0 else unit['hamiltonian']
   step_size = (ld.relative_step_size(grad_h, fraction=a.relative_step, radius=a.radius,
                                      clip_norm=a.clip_norm)
                if a.relative_step else float(a.step_size))
@@ -126,9 +206,12 @@ def calibrate(run: stages.Run, index: int, stage, params) -> dict:
 
 
 def _heldout_fn(run, stage):
-  """``params -> {path: {'alignment': [H], 'centered_alignment': [H]}}`` on validation rows."""
+  """``params -> {path: {'alignment': [H], 'centered_alignment': [H]}}`` on validation rows
+  (the softmax target: ``{path: {'kl': [H]}}``)."""
   a = run.config.phase_a
   rows = evaluation.subset(run.encoded['validation'], a.heldout_rows)
+  if _softmax(run.config):
+    return _heldout_kl_fn(run, stage, rows)
   labels = np.asarray(rows.labels, np.int32)
   paths = stages.stage_paths(run, stage)
   only = stages.only_path(run, stage)
@@ -144,9 +227,24 @@ def _heldout_fn(run, stage):
   return heldout
 
 
+def _heldout_kl_fn(run, stage, rows):
+  """``params -> {path: {'kl': [H]}}``: the held-out attention KL of each head, averaged
+  over the real query tokens of ``rows``."""
+  only, fm = stages.only_path(run, stage), run.config.model.feature_map
+  fn = _mimicry_fn(run, stages.stage_paths(run, stage), lambda p, inputs, mask: (
+      training.heldout_attention_kl(p, inputs, mask, feature_map=fm, only=only)))
+
+  def heldout(params):
+    out = _token_mean(run, rows, fn, params)
+    return {'/'.join(p): {'kl': [float(x) for x in v]} for p, v in out.items()}
+
+  return heldout
+
+
 def _mean_heldout(per_path: dict) -> dict:
   """Means over the stage's heads (and layers) of each held-out statistic."""
-  keys = ('alignment', 'centered_alignment')
+  keys = ('kl',) if 'kl' in next(iter(per_path.values())) else (
+      'alignment', 'centered_alignment')
   return {k: float(np.mean([x for d in per_path.values() for x in d[k]])) for k in keys}
 
 
@@ -178,7 +276,11 @@ def _calibrated_step(run, index, stage, what):
   opt = training.phase_a_optimizer(key, only=only, **settings)
   objective = _objective(config, cal['lam'])
   diag = dict(step_size=cal['step_size'], beta=cal['beta'], clip_norm=a.clip_norm)
-  if stage.layer is None:
+  if _softmax(config):      # Token batches for one layer too: q and k are not cached.
+    step_fn = jax.jit(training.make_phase_a_mimicry_step(
+        run.model, opt, only=only, langevin_settings=diag, **objective))
+    table = None
+  elif stage.layer is None:
     step_fn = jax.jit(training.make_phase_a_step(run.model, opt, langevin_settings=diag,
                                                  **objective))
     table = None
@@ -225,15 +327,17 @@ def run_phase_a(run: stages.Run, index: int, stage) -> bool:
       eval_start = time.time()
       h = _mean_heldout(heldout(state.params))
       tick += time.time() - eval_start     # Held-out evaluation is not Phase A's time.
-      logging.info('%s step %d/%d: H %.4g A %.4g W %.4g max move %.2e, drift/noise %.3g, '
-                   'held-out ρ %.4f A %.4g; %s', what, t + 1, n_steps, m['hamiltonian'],
-                   m['alignment'], m['repulsion'], m['max_move'],
-                   float(np.median(m['drift_to_noise'])), h['centered_alignment'],
-                   h['alignment'], run.progress_line(base + t + 1 + int(ck['step_b'])))
-      scalars = {k: m[k] for k in ('hamiltonian', 'alignment', 'repulsion', 'max_move')}
+      data_term = 'cross_entropy' if _softmax(config) else 'alignment'
+      held = (f"held-out KL {h['kl']:.4g}" if _softmax(config) else
+              f"held-out ρ {h['centered_alignment']:.4f} A {h['alignment']:.4g}")
+      logging.info('%s step %d/%d: H %.4g %s %.4g W %.4g max move %.2e, drift/noise %.3g, '
+                   '%s; %s', what, t + 1, n_steps, m['hamiltonian'],
+                   'CE' if _softmax(config) else 'A', m[data_term], m['repulsion'],
+                   m['max_move'], float(np.median(m['drift_to_noise'])), held,
+                   run.progress_line(base + t + 1 + int(ck['step_b'])))
+      scalars = {k: m[k] for k in ('hamiltonian', data_term, 'repulsion', 'max_move')}
       scalars.update(drift_to_noise=float(np.median(m['drift_to_noise'])),
-                     heldout_alignment=h['alignment'],
-                     heldout_centered_alignment=h['centered_alignment'])
+                     **{f'heldout_{k}': v for k, v in h.items()})
       run.log_scalars(f'phase_a/stage_{index}', scalars, base + t + 1)
       ck.update(step_a=i32(base + t + 1))
       run.log_record({'stage': index, 'layer': stage.layer, 'phase_a_step': t + 1,
@@ -300,7 +404,12 @@ def _stage_summary(run, index, stage, cal, heldout, step_fn, opt, table, steps, 
              'random_walk_displacement': median(moved(ball), walk),
              'histograms': {'drift_to_noise': hist_d.counts.tolist(),
                             'repulsion_to_alignment': hist_f.counts.tolist()}}
-  if a.null_run:
+  if _softmax(config):
+    summary['target'] = a.target
+    if a.null_run:
+      summary['null_run'] = NULL_SKIPPED
+      logging.info('phase A stage %d: %s', index + 1, NULL_SKIPPED)
+  elif a.null_run:
     logging.info('phase A stage %d: the same stage on shuffled training labels (null) ...',
                  index + 1)
     null_params = _null_run(run, stage, step_fn, opt, table, steps)
@@ -345,7 +454,9 @@ def phase_a_report(workdir: str) -> Optional[dict]:
 
   ``drift_to_noise`` / ``repulsion_to_alignment``: medians over every particle and
   step of every stage (the stages' histograms added); held-out statistics: means
-  over the stages; ``gibbs_tilt`` and displacements: medians over the stages.
+  over the stages (``heldout_alignment`` and ``heldout_centered_alignment``; for the
+  softmax target ``heldout_kl`` and ``target: 'softmax'``); ``gibbs_tilt`` and
+  displacements: medians over the stages.
   """
   path = os.path.join(workdir, STAGES_FILE)
   if not os.path.exists(path):
@@ -357,11 +468,16 @@ def phase_a_report(workdir: str) -> Optional[dict]:
   which = [k for k in ('initial', 'ball', 'learned', 'null') if k in stages[0]['heldout']]
   mean = lambda k, stat: float(np.mean([s['heldout'][k][stat] for s in stages]))
   med = lambda field: float(np.median([s[field] for s in stages]))
-  return {'drift_to_noise': hist['drift_to_noise'].median(),
-          'repulsion_to_alignment': hist['repulsion_to_alignment'].median(),
-          'gibbs_tilt': med('gibbs_tilt'), 'displacement': med('displacement'),
-          'random_walk_displacement': med('random_walk_displacement'),
-          'inside_fraction': float(np.mean([s['inside_fraction'] for s in stages])),
-          'heldout_alignment': {k: mean(k, 'alignment') for k in which},
-          'heldout_centered_alignment': {k: mean(k, 'centered_alignment') for k in which},
-          'stages': [{k: v for k, v in s.items() if k != 'histograms'} for s in stages]}
+  report = {'drift_to_noise': hist['drift_to_noise'].median(),
+            'repulsion_to_alignment': hist['repulsion_to_alignment'].median(),
+            'gibbs_tilt': med('gibbs_tilt'), 'displacement': med('displacement'),
+            'random_walk_displacement': med('random_walk_displacement'),
+            'inside_fraction': float(np.mean([s['inside_fraction'] for s in stages]))}
+  if 'kl' in stages[0]['heldout'][which[0]]:       # The softmax target (stage 'target').
+    report.update(target='softmax', heldout_kl={k: mean(k, 'kl') for k in which})
+  else:
+    report.update(heldout_alignment={k: mean(k, 'alignment') for k in which},
+                  heldout_centered_alignment={k: mean(k, 'centered_alignment')
+                                              for k in which})
+  report['stages'] = [{k: v for k, v in s.items() if k != 'histograms'} for s in stages]
+  return report

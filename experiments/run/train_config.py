@@ -136,6 +136,8 @@ def _check_phase_a(config) -> None:
   m, a, b = config.model, config.phase_a, config.phase_b
   if a.enabled and m.attention != 'kernel':
     _fail('phase_a.enabled', a.enabled, f"False for model.attention={m.attention!r}")
+  if not isinstance(a.target, str) or a.target not in training.PHASE_A_TARGETS:
+    _fail('phase_a.target', a.target, f'one of {training.PHASE_A_TARGETS}')
   for field in ('step_size', 'beta', 'clip_norm', 'radius'):
     _positive(f'phase_a.{field}', a[field])
   _positive('phase_a.lam', a.lam, allow_zero=True)
