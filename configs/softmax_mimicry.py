@@ -66,10 +66,10 @@ def get_config():
   # Candidates of each field the pilot sets (the one with the lowest held-out KL wins).
   # R is piloted with particles_softmax's step size (the other methods then use it).
   config.pilot.radius = (8.0, 12.0)
-  config.pilot.step_size = (0.01, 0.03, 0.1)
-  config.pilot.flow_step_size = (0.01, 0.03, 0.1)
-  config.pilot.labels_step_size = (0.01, 0.03, 0.1)
-  config.pilot.hedgehog_learning_rate = (1e-3, 3e-3, 1e-2)
+  config.pilot.step_size = (0.01, 0.03, 0.1, 0.3, 1.0)
+  config.pilot.flow_step_size = (0.01, 0.03, 0.1, 0.3, 1.0)
+  config.pilot.labels_step_size = (0.001, 0.01, 0.1)
+  config.pilot.hedgehog_learning_rate = (1e-3, 3e-3, 1e-2, 3e-2)
 
   config.conversion = ml_collections.ConfigDict()
   # Fine-tuning after conversion: one short epoch of this many training rows (all of

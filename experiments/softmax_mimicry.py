@@ -27,7 +27,6 @@ from ml_collections import config_flags
 from experiments.common import cli
 from experiments.mimicry import collect
 from experiments.mimicry import encoders
-from experiments.mimicry import fit
 from experiments.mimicry import page as page_lib
 from experiments.mimicry import study
 
@@ -98,13 +97,16 @@ def main(argv):
     pilot = study.run_pilot(config, encoders.load_encoder(pilot_run),
                             os.path.join(FLAGS.workdir, 'pilot.json'), log)
     settings = study.settings_from(config, pilot)
-    for (dataset, seed), path in runs.items():
-      encoder = encoders.load_encoder(path)
-      out_dir = study.part_dir(FLAGS.workdir, dataset, seed)
-      if 'fidelity' in parts:
-        study.run_fidelity(config, settings, encoder, seed, out_dir, log)
-      if 'conversion' in parts:
-        study.run_conversion(config, encoder, seed, out_dir, log)
+    for part in parts:                    # every encoder's fidelity first: the headline
+      for (dataset, seed), path in runs.items():
+        out_dir = study.part_dir(FLAGS.workdir, dataset, seed)
+        if os.path.exists(os.path.join(out_dir, f'{part}.json')):
+          continue
+        encoder = encoders.load_encoder(path)
+        if part == 'fidelity':
+          study.run_fidelity(config, settings, encoder, seed, out_dir, log)
+        else:
+          study.run_conversion(config, encoder, seed, out_dir, log)
   table = collect.write_results(config, FLAGS.workdir, FLAGS.out)
   if FLAGS.page:
     page_lib.write_page(table, FLAGS.page, FLAGS.figures)

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from coulomb_jax import diagnostics
+from experiments.common import cli
 from experiments.common import provenance
 from experiments.mimicry import conversion
 from experiments.mimicry import encoders
@@ -169,6 +170,11 @@ def run_conversion(config, encoder, seed, out_dir, log: Callable = print) -> dic
   done = _read(path)
   if done is not None:
     return done
+  missing = [f'rows_{m}_{n}.npy' for m in fit.METHODS for n in config.conversion_features
+             if not os.path.isfile(os.path.join(out_dir, f'rows_{m}_{n}.npy'))]
+  if missing:
+    raise cli.ConfigError(f'{out_dir}: no {missing[0]} (and {len(missing) - 1} more): run '
+                          'the fidelity part first (--parts=fidelity,conversion).')
   c = config.conversion
   test = encoder.encoded['test']
   if c.test_rows:
