@@ -319,16 +319,14 @@ def token_mask(batch) -> jax.Array:
 
 
 def _query_mean(fn, omega, q, k, mask, feature_map):
-  """(1/n) Σ_{b, i real} fn(q_bi; k_b) for one head: ``q, k: [B, L, D]``, ``mask: [B, L]``.
+  """(1/n) Σ_{b, i real} fn_i(q_b; k_b) for one head: ``q, k: [B, L, D]``, ``mask: [B, L]``.
 
-  ``fn`` is ``mimicry.attention_cross_entropy`` or ``attention_kl`` on one query row
-  (keys masked by the row's mask); padded queries are zeroed first and weigh 0.
+  ``fn``: ``mimicry.attention_cross_entropy`` or ``attention_kl``, with ``mask`` as
+  both key and query mask (the mean over the n real query rows of all rows); padded
+  queries are zeroed first, so that no value of theirs reaches the gradient.
   """
   q = jnp.where(mask[..., None], q, 0.0)
-  row = lambda qi, kb, mb: fn(qi[None], kb, omega, feature_map, mb)
-  per_query = jax.vmap(jax.vmap(row, in_axes=(0, None, None)))(q, k, mask)    # [B, L]
-  n = jnp.sum(mask.astype(jnp.float32))
-  return jnp.sum(jnp.where(mask, per_query, 0.0)) / jnp.maximum(n, 1.0)
+  return fn(q, k, omega, feature_map, mask, mask)
 
 
 def _per_head(fn, omega, qk, mask, feature_map):

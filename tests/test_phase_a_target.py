@@ -82,10 +82,10 @@ def test_softmax_objective_value_and_gradient_equal_brute_force():
 def test_padding_changes_neither_the_objective_nor_its_gradient():
   params, inputs, mask = _case(lengths=(5, 3))
   q, k = inputs[PATH]
-  # The same rows padded to 8 tokens with wild values, and a third row of padding only.
+  # The same rows padded to 8 tokens with wild values, and a third row of NaN padding.
   pad = lambda x, key: jnp.concatenate(
       [jnp.concatenate([x, 30.0 * jax.random.normal(key, (2, 3) + x.shape[2:])], axis=1),
-       jnp.full((1, 8) + x.shape[2:], 1e3)], axis=0)
+       jnp.full((1, 8) + x.shape[2:], jnp.nan)], axis=0)
   padded = {PATH: (pad(q, jax.random.key(5)), pad(k, jax.random.key(6)))}
   batch = {'mask': np.pad(np.asarray(mask), ((0, 1), (0, 3)), constant_values=False),
            'weights': np.array([1.0, 1.0, 0.0], np.float32)}
