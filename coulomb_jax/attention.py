@@ -17,7 +17,8 @@ denominator is guarded by ``eps``, and the output has ``v``'s dtype.
 
 Causal: ``fused_causal_linear_attention(q, k, v, omega, feature_map=...)`` computes
 the features from the particles chunk by chunk and is exact at any input scale for
-every map (what ``models.KernelAttention(causal=True)`` uses);
+every map (what ``models.KernelAttention(causal=True)`` uses; ``implementation='auto'``
+takes the Pallas causal kernel when lowered for cuda);
 ``causal_linear_attention`` on stored features is exact only where no query's
 prefix underflows (its docstring).
 
@@ -27,6 +28,13 @@ feature over the real keys and one per query row: common factors that cancel in
 the ratio, and a denominator ≥ 1/M that the guard never reaches), or call
 ``fused_linear_attention`` (the same shifts, chunk by chunk or in the Pallas
 kernels), which computes the features from the particles itself.
+
+Precision: every path takes ``precision`` (``jax.lax.Precision``, ``'default'``,
+``'high'``, ``'highest'`` or None) for all its matrix products. None, the default, is
+the backend's: exact float32 on CPU (where every accuracy in these docstrings and the
+tests was measured), TF32 for float32 products on recent NVIDIA GPUs (XLA and Triton)
+and one bf16 pass on TPU, where those accuracies do not hold; ``'highest'`` keeps
+float32 on every platform, at a cost in speed.
 
 Three modules: ``attention_core`` holds the XLA implementations and checks,
 ``pallas_attention`` the kernels (it imports ``attention_core``), and this module
@@ -41,24 +49,22 @@ from coulomb_jax import _checks
 from coulomb_jax import attention_core
 from coulomb_jax import features
 from coulomb_jax import pallas_attention
-from coulomb_jax.attention_core import (DEFAULT_EPS, causal_linear_attention,
+from coulomb_jax.attention_core import (DEFAULT_EPS, PRECISIONS, causal_linear_attention,
                                         materialized_causal_linear_attention,
                                         check_fused_inputs, linear_attention)
-from coulomb_jax.attention_core import \
-    xla_fused_causal_linear_attention as fused_causal_linear_attention
 
-__all__ = ['DEFAULT_EPS', 'IMPLEMENTATIONS', 'causal_linear_attention', 'check_fused_inputs',
-           'fused_causal_linear_attention', 'fused_linear_attention', 'linear_attention',
-           'materialized_causal_linear_attention']
+__all__ = ['DEFAULT_EPS', 'IMPLEMENTATIONS', 'PRECISIONS', 'causal_linear_attention',
+           'check_fused_inputs', 'fused_causal_linear_attention', 'fused_linear_attention',
+           'linear_attention', 'materialized_causal_linear_attention']
 
 IMPLEMENTATIONS = ('auto', 'xla', 'pallas')
-"""``fused_linear_attention``'s paths (see its docstring)."""
+"""``fused_linear_attention``'s and ``fused_causal_linear_attention``'s paths."""
 
 
 def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.Array, *,
                            feature_map: str = 'favor', key_mask: Optional[jax.Array] = None,
                            chunk_size: int = 1024, eps: float = DEFAULT_EPS,
-                           implementation: str = 'auto') -> jax.Array:
+                           implementation: str = 'auto', precision=None) -> jax.Array:
   r"""Bidirectional linear attention that never stores the ``[B, L, H, M]`` features.
 
   Same result as ``linear_attention(φ(q), φ(k), v, key_mask)`` with
@@ -93,28 +99,33 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
       forward pass, interpret mode elsewhere; ``chunk_size`` unused) or
       ``'auto'``: decided by the platform the program is lowered for
       (``jax.lax.platform_dependent``), not by the host: the kernels for cuda when the
-      map and shape suit them (and, on a GPU host, ``pallas_attention.use_by_default``:
-      one device, kernels that compile), ``'xla'`` for CPU, TPU and everything else.
+      map and shape suit them (``pallas_attention.shape_supported``: M a multiple of
+      64, d and D powers of two ≥ 16; and, on a GPU host,
+      ``pallas_attention.use_by_default``: one device, kernels that compile), ``'xla'``
+      for CPU, TPU (the kernels are Triton's; ``'pallas'`` lowered for tpu is a
+      ValueError) and everything else.
+    precision: of every matrix product (``linear_attention``'s argument; None: the
+      backend's default, TF32 for float32 on recent NVIDIA GPUs, bf16 passes on TPU).
   """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f'implementation must be one of {IMPLEMENTATIONS}, got '
-                     f'{implementation!r}.')
+  _check_implementation(implementation)
   check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
   _checks.check_int('chunk_size', chunk_size, 1)
   attention_core.check_eps(eps)
+  precision = attention_core.check_precision(precision)
   if implementation == 'pallas':
     return pallas_attention.pallas_linear_attention(q, k, v, omega, feature_map=feature_map,
-                                                    key_mask=key_mask, eps=eps)
+                                                    key_mask=key_mask, eps=eps,
+                                                    precision=precision)
   masks = () if key_mask is None else (key_mask,)
   xla = lambda q, k, v, omega, *m: attention_core.xla_fused_linear_attention(
       q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None,
-      chunk_size=chunk_size, eps=eps)
+      chunk_size=chunk_size, eps=eps, precision=precision)
   if implementation == 'xla' or not _auto_may_take_kernels(q, k, v, omega, feature_map,
                                                            key_mask):
     return xla(q, k, v, omega, *masks)
   kernels = lambda q, k, v, omega, *m: pallas_attention.pallas_linear_attention(
       q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None, eps=eps,
-      interpret=False)
+      interpret=False, precision=precision)
   # The platform the program is lowered for decides, not the host: a CPU host lowering
   # (or exporting) for cuda gets the kernels, CPU and TPU get the XLA path.
   return jax.lax.platform_dependent(q, k, v, omega, *masks, cuda=kernels, default=xla)
@@ -130,3 +141,57 @@ def _auto_may_take_kernels(q, k, v, omega, feature_map, key_mask) -> bool:
   if jax.default_backend() == 'gpu':
     return pallas_attention.use_by_default(q, k, v, omega, feature_map, key_mask)
   return pallas_attention.shape_supported(q.shape, v.shape, omega.shape, feature_map)
+
+
+def fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.Array,
+                                  *, feature_map: str = 'favor',
+                                  key_mask: Optional[jax.Array] = None, chunk_size: int = 16,
+                                  eps: float = DEFAULT_EPS, implementation: str = 'xla',
+                                  precision=None) -> jax.Array:
+  r"""Causal linear attention from the particles, ``[B, L, H, D]``: out_i sees j ≤ i.
+
+  Args: as ``attention_core.xla_fused_causal_linear_attention`` (q, k ``[B, L, H, d]``,
+  v ``[B, L, H, D]``, omega ``[H, M, d]``, key_mask ``[B, L]``, ``chunk_size`` C ≥ 1 of
+  the XLA path, eps), plus:
+
+    implementation: ``'xla'`` (default: the chunked path, exact at any input scale for
+      every map; its docstring), ``'pallas'``
+      (``pallas_attention.pallas_causal_linear_attention`` with its default chunk of 64:
+      one GPU kernel, interpreted on CPU, a ValueError when lowered for tpu; not exact at
+      large inputs for favor, porf_softplus and softmaxfeat, and its gradient is the
+      stored-feature XLA path's) or ``'auto'``: decided by the platform the program is
+      lowered for (``jax.lax.platform_dependent``), not the host, as
+      ``fused_linear_attention``'s: the kernel for cuda when the map and shape suit it
+      (``pallas_attention.shape_supported``; on a GPU host also one device), the XLA
+      path for CPU, TPU and the rest. The default stays ``'xla'`` because of the
+      kernel's large-input caveat, and because it has never run on a GPU.
+    precision: of every matrix product (``linear_attention``'s argument).
+  """
+  _check_implementation(implementation)
+  precision = attention_core.check_precision(precision)
+  xla = lambda q, k, v, omega, *m: attention_core.xla_fused_causal_linear_attention(
+      q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None,
+      chunk_size=chunk_size, eps=eps, precision=precision)
+  masks = () if key_mask is None else (key_mask,)
+  if implementation == 'xla':
+    return xla(q, k, v, omega, *masks)
+  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
+  _checks.check_int('chunk_size', chunk_size, 1)
+  attention_core.check_eps(eps)
+  kernel = lambda interpret: lambda q, k, v, omega, *m: (
+      pallas_attention.pallas_causal_linear_attention(
+          q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None, eps=eps,
+          interpret=interpret, precision=precision))
+  if implementation == 'pallas':
+    return kernel(None)(q, k, v, omega, *masks)
+  one_device = jax.default_backend() != 'gpu' or jax.device_count() == 1
+  if not (one_device and pallas_attention.shape_supported(q.shape, v.shape, omega.shape,
+                                                          feature_map)):
+    return xla(q, k, v, omega, *masks)
+  return jax.lax.platform_dependent(q, k, v, omega, *masks, cuda=kernel(False), default=xla)
+
+
+def _check_implementation(implementation) -> None:
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f'implementation must be one of {IMPLEMENTATIONS}, got '
+                     f'{implementation!r}.')

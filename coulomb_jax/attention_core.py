@@ -24,6 +24,20 @@ features (``features.attention_pair``, the fused and Pallas paths) the denominat
 is ≥ 1/M, so the guard only acts on rows without any real key."""
 
 
+PRECISIONS = ('default', 'high', 'highest')
+"""``precision`` as a string (or a ``jax.lax.Precision``, or None: the backend's default)."""
+
+
+def check_precision(precision):
+  """``precision`` as a ``jax.lax.Precision`` or None; a bad value names the argument."""
+  if precision is None or isinstance(precision, jax.lax.Precision):
+    return precision
+  if isinstance(precision, str) and precision.lower() in PRECISIONS:
+    return jax.lax.Precision[precision.upper()]
+  raise ValueError(f'precision must be None, a jax.lax.Precision or one of {PRECISIONS}, '
+                   f'got {precision!r}.')
+
+
 def check_eps(eps) -> float:
   """eps > 0, a number (a traced eps passes)."""
   _checks.check_positive('eps', eps)
@@ -44,6 +58,12 @@ def _check(q_feat, k_feat, v, key_mask):
                      f'{key_mask.shape}.')
 
 
+def _einsum(precision):
+  """``jnp.einsum`` at ``precision`` (checked: ``check_precision``)."""
+  precision = check_precision(precision)
+  return lambda spec, *operands: jnp.einsum(spec, *operands, precision=precision)
+
+
 def _prepare(q_feat, k_feat, v, key_mask):
   """Promotes to float32 (or wider) and zeroes padded keys and values.
 
@@ -59,7 +79,7 @@ def _prepare(q_feat, k_feat, v, key_mask):
 
 def linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
                      key_mask: Optional[jax.Array] = None, *,
-                     eps: float = DEFAULT_EPS) -> jax.Array:
+                     eps: float = DEFAULT_EPS, precision=None) -> jax.Array:
   r"""Bidirectional linear attention, ``[B, L, H, D]``.
 
   Args:
@@ -68,21 +88,28 @@ def linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
     v: ``[B, L, H, D]`` values.
     key_mask: optional ``[B, L]`` bool, True for real tokens.
     eps: denominator guard.
+    precision: of every matrix product (``jax.lax.Precision``, one of ``PRECISIONS``,
+      or None). None (default) is the backend's default: exact float32 on CPU, but
+      TF32 (10-bit mantissa) for float32 products on recent NVIDIA GPUs (XLA and
+      Triton alike) and a single bf16 pass on TPU, where the documented accuracy
+      (measured on CPU) does not hold; ``'highest'`` keeps float32 there.
   """
   _check(q_feat, k_feat, v, key_mask)
   check_eps(eps)
+  ein = _einsum(precision)
   out_dtype = v.dtype
   q_feat, k_feat, v = _prepare(q_feat, k_feat, v, key_mask)
-  kv = jnp.einsum('blhf,blhd->bhfd', k_feat, v)                        # [B, H, F, D]
+  kv = ein('blhf,blhd->bhfd', k_feat, v)                               # [B, H, F, D]
   z = jnp.sum(k_feat, axis=1)                                           # [B, H, F]
-  num = jnp.einsum('blhf,bhfd->blhd', q_feat, kv)
-  den = jnp.einsum('blhf,bhf->blh', q_feat, z)
+  num = ein('blhf,bhfd->blhd', q_feat, kv)
+  den = ein('blhf,bhf->blh', q_feat, z)
   return (num / jnp.maximum(den, eps)[..., None]).astype(out_dtype)
 
 
 def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
                             key_mask: Optional[jax.Array] = None, *,
-                            chunk_size: int = 64, eps: float = DEFAULT_EPS) -> jax.Array:
+                            chunk_size: int = 64, eps: float = DEFAULT_EPS,
+                            precision=None) -> jax.Array:
   r"""Causal linear attention, ``[B, L, H, D]``: out_i uses keys j ≤ i only.
 
   Chunked prefix sums: the sequence is cut into chunks of C tokens; within a
@@ -90,8 +117,8 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
   state S = Σ φ(k_j) v_jᵀ (``[B, H, F, D]``) and z = Σ φ(k_j) is carried by
   ``lax.scan``. Memory O(L·(F + D) + C² + F·D), time O(L·(C·(F + D) + F·D)).
 
-  Args: as ``linear_attention``, plus ``chunk_size`` C ≥ 1 (L need not be a
-  multiple of it: the tail is padded with masked keys).
+  Args: as ``linear_attention`` (``precision`` included), plus ``chunk_size`` C ≥ 1
+  (L need not be a multiple of it: the tail is padded with masked keys).
 
   **Not exact at large inputs for favor, porf_softplus and softmaxfeat.** The
   bidirectional paths are exact at any input scale (issue 16); here the features'
@@ -110,6 +137,7 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
   _check(q_feat, k_feat, v, key_mask)
   chunk = _checks.check_int('chunk_size', chunk_size, 1)
   check_eps(eps)
+  ein = _einsum(precision)
   b, length, h, f = q_feat.shape
   d, out_dtype = v.shape[-1], v.dtype
   if key_mask is None:
@@ -129,12 +157,11 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
   def step(carry, inputs):
     s, z = carry                                          # [B, H, F, D], [B, H, F]
     q, k, val = inputs                                    # [B, C, H, ·]
-    scores = jnp.where(tril, jnp.einsum('bihf,bjhf->bhij', q, k), 0.0)   # [B, H, C, C]
-    num = jnp.einsum('bhij,bjhd->bihd', scores, val) + jnp.einsum('bihf,bhfd->bihd', q, s)
-    den = (jnp.sum(scores, axis=-1).transpose(0, 2, 1)
-           + jnp.einsum('bihf,bhf->bih', q, z))
+    scores = jnp.where(tril, ein('bihf,bjhf->bhij', q, k), 0.0)          # [B, H, C, C]
+    num = ein('bhij,bjhd->bihd', scores, val) + ein('bihf,bhfd->bihd', q, s)
+    den = jnp.sum(scores, axis=-1).transpose(0, 2, 1) + ein('bihf,bhf->bih', q, z)
     out = num / jnp.maximum(den, eps)[..., None]
-    s = s + jnp.einsum('bjhf,bjhd->bhfd', k, val)
+    s = s + ein('bjhf,bjhd->bhfd', k, val)
     z = z + jnp.sum(k, axis=1)
     return (s, z), out.astype(out_dtype)
 
@@ -146,7 +173,8 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
 
 def materialized_causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
                                          key_mask: Optional[jax.Array] = None, *,
-                                         eps: float = DEFAULT_EPS) -> jax.Array:
+                                         eps: float = DEFAULT_EPS,
+                                         precision=None) -> jax.Array:
   r"""Causal linear attention with the L×L weights materialised, ``[B, L, H, D]``.
 
   A_ij = φ(q_i)ᵀφ(k_j) for real keys j ≤ i (else 0), out_i = Σ_j A_ij v_j / max(Σ_j A_ij, eps).
@@ -156,16 +184,17 @@ def materialized_causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v
   query's whole prefix underflows against the shift taken over all keys, the caveat of
   ``causal_linear_attention``); ``xla_fused_causal_linear_attention`` is exact at every scale.
 
-  Args: as ``linear_attention``.
+  Args: as ``linear_attention`` (``precision`` included).
   """
   _check(q_feat, k_feat, v, key_mask)
   check_eps(eps)
+  ein = _einsum(precision)
   out_dtype = v.dtype
   q_feat, k_feat, v = _prepare(q_feat, k_feat, v, key_mask)
   length = q_feat.shape[1]
   causal = jnp.tril(jnp.ones((length, length), bool))
-  a = jnp.where(causal, jnp.einsum('bihf,bjhf->bhij', q_feat, k_feat), 0.0)   # [B, H, L, L]
-  num = jnp.einsum('bhij,bjhd->bihd', a, v)
+  a = jnp.where(causal, ein('bihf,bjhf->bhij', q_feat, k_feat), 0.0)        # [B, H, L, L]
+  num = ein('bhij,bjhd->bihd', a, v)
   den = jnp.sum(a, axis=-1).transpose(0, 2, 1)                                # [B, L, H]
   return (num / jnp.maximum(den, eps)[..., None]).astype(out_dtype)
 
@@ -190,7 +219,7 @@ def check_fused_inputs(q, k, v, omega, key_mask, feature_map, maps) -> None:
     raise ValueError(f'key_mask must have shape [B, L] = {(b, length)}, got {key_mask.shape}.')
 
 
-def _fused_setup(q, k, v, omega, key_mask, feature_map, chunk_size, eps):
+def _fused_setup(q, k, v, omega, key_mask, feature_map, chunk_size, eps, ein):
   """The fused paths' common start: checks, promotion to ≥ float32, padding to whole
   chunks, and the per-chunk log ψ. Returns ``(q, k, v, key_mask, to_chunks, log_psi,
   width F, chunk C, padded length)``; ``to_chunks``: ``[B, L, ...] -> [n, B, C, ...]``."""
@@ -214,7 +243,7 @@ def _fused_setup(q, k, v, omega, key_mask, feature_map, chunk_size, eps):
   width = 2 * omega.shape[1] if feature_map == 'softmaxfeat' else omega.shape[1]
 
   def log_psi(x):                                         # [B, C, H, d] -> [B, C, H, F]
-    s = jnp.einsum('bchd,hmd->bchm', x, omega)
+    s = ein('bchd,hmd->bchm', x, omega)
     return features.attention_log_psi(feature_map, s,
                                       0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
 
@@ -224,7 +253,7 @@ def _fused_setup(q, k, v, omega, key_mask, feature_map, chunk_size, eps):
 def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                omega: jax.Array, *, feature_map: str = 'favor',
                                key_mask: Optional[jax.Array] = None, chunk_size: int = 1024,
-                               eps: float = DEFAULT_EPS) -> jax.Array:
+                               eps: float = DEFAULT_EPS, precision=None) -> jax.Array:
   r"""``attention.fused_linear_attention``'s XLA path (its docstring has the details).
 
   Every map is stabilised in log space as ``features.attention_pair`` does: with
@@ -232,12 +261,13 @@ def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   online max per feature over the real keys (as in flash attention: row f of
   S and z is rescaled by e^{m_f,old − m_f,new} when a chunk raises it, so the
   final shift is the max over all real keys), and queries e^{ℓ + m_f − M_i}
-  with M_i their row max.
+  with M_i their row max. ``precision``: as ``linear_attention``'s.
   """
   b, length, h, _ = q.shape
   d_v, out_dtype = v.shape[-1], v.dtype
+  ein = _einsum(precision)
   q, k, v, key_mask, to_chunks, log_psi, width, _, padded = _fused_setup(
-      q, k, v, omega, key_mask, feature_map, chunk_size, eps)
+      q, k, v, omega, key_mask, feature_map, chunk_size, eps, ein)
   scale = math.sqrt(omega.shape[1])
 
   @jax.checkpoint
@@ -251,7 +281,7 @@ def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
     rescale = jnp.where(jnp.isfinite(m), jnp.exp(m - m_safe), 0.0)
     phi = jnp.exp(logits - m_safe[:, None]) / scale
-    s = s * rescale[..., None] + jnp.einsum('bchm,bchd->bhmd', phi, vc)
+    s = s * rescale[..., None] + ein('bchm,bchd->bhmd', phi, vc)
     z = z * rescale + jnp.sum(phi, axis=1)
     return (s, z, m_new), None
 
@@ -265,8 +295,8 @@ def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     logits = log_psi(qc) + m[:, None]
     logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     phi = jnp.exp(logits) / scale
-    num = jnp.einsum('bchm,bhmd->bchd', phi, s)
-    den = jnp.einsum('bchm,bhm->bch', phi, z)
+    num = ein('bchm,bhmd->bchd', phi, s)
+    den = ein('bchm,bhm->bch', phi, z)
     return num / jnp.maximum(den, eps)[..., None]
 
   out = jax.lax.map(query_step, to_chunks(q))            # [n, B, C, H, D]
@@ -277,8 +307,8 @@ def xla_fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
 def xla_fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                       omega: jax.Array, *, feature_map: str = 'favor',
                                       key_mask: Optional[jax.Array] = None,
-                                      chunk_size: int = 16,
-                                      eps: float = DEFAULT_EPS) -> jax.Array:
+                                      chunk_size: int = 16, eps: float = DEFAULT_EPS,
+                                      precision=None) -> jax.Array:
   r"""Causal linear attention from the particles, exact at any input scale: ``[B, L, H, D]``.
 
   out_i = Σ_{j≤i} w_ij v_j / Σ_{j≤i} w_ij with w_ij = φ(q_i)ᵀφ(k_j), real keys only,
@@ -301,12 +331,13 @@ def xla_fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   with no real key at or before it gets 0.
 
   Args: as ``xla_fused_linear_attention`` (q, k ``[B, L, H, d]``, v ``[B, L, H, D]``,
-  omega ``[H, M, d]``, key_mask ``[B, L]``), with ``chunk_size`` C ≥ 1.
+  omega ``[H, M, d]``, key_mask ``[B, L]``, ``precision``), with ``chunk_size`` C ≥ 1.
   """
   b, length, h, _ = q.shape
   d_v, out_dtype = v.shape[-1], v.dtype
+  ein = _einsum(precision)
   q, k, v, key_mask, to_chunks, log_psi, width, chunk, padded = _fused_setup(
-      q, k, v, omega, key_mask, feature_map, chunk_size, eps)
+      q, k, v, omega, key_mask, feature_map, chunk_size, eps, ein)
   tril = jnp.tril(jnp.ones((chunk, chunk), bool))
   finite_or_zero = lambda a: jnp.where(jnp.isfinite(a), a, 0.0)
   sg = jax.lax.stop_gradient
@@ -329,8 +360,8 @@ def xla_fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     top = sg(finite_or_zero(top))
     w = jnp.exp(log_w - top[:, :, None])                               # [B, C_i, C_j, H]
     wa = jnp.exp(a - top[..., None])                                   # [B, C, H, F]
-    num = jnp.einsum('bijh,bjhd->bihd', w, vc) + jnp.einsum('bihf,bhfd->bihd', wa, s)
-    den = jnp.sum(w, axis=2) + jnp.einsum('bihf,bhf->bih', wa, z)
+    num = ein('bijh,bjhd->bihd', w, vc) + ein('bihf,bhfd->bihd', wa, s)
+    den = jnp.sum(w, axis=2) + ein('bihf,bhf->bih', wa, z)
     out = num / jnp.maximum(den, eps)[..., None]
     # Add the chunk's real keys to the state, rescaled to the new running max.
     logits = jnp.where(keep, lk, -jnp.inf)
@@ -338,7 +369,7 @@ def xla_fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     m_safe = finite_or_zero(m_new)
     rescale = jnp.where(jnp.isfinite(m), jnp.exp(m - m_safe), 0.0)
     phi = jnp.exp(logits - m_safe[:, None])
-    s = s * rescale[..., None] + jnp.einsum('bchf,bchd->bhfd', phi, vc)
+    s = s * rescale[..., None] + ein('bchf,bchd->bhfd', phi, vc)
     z = z * rescale + jnp.sum(phi, axis=1)
     return (s, z, m_new), out
 

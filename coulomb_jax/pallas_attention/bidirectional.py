@@ -57,7 +57,7 @@ from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS
 
 
 def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
-                block_k, num_blocks, scale):
+                block_k, num_blocks, scale, precision):
   """One (b, h, split, feature block): partial S [F_b, D], z [F_b] and the shifts m [F_b].
 
   Keys in log space: ℓ = ``features.log_psi``, φ = e^{ℓ − m_f}·scale with m_f the
@@ -73,7 +73,7 @@ def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
     k = k_ref[rows, :]                                     # [C_k, d]
     v = v_ref[rows, :]                                     # [C_k, D]
     keep = mask_ref[rows] > 0                              # [C_k]
-    s = core.project(k, omega)                             # [C_k, F_b]
+    s = core.project(k, omega, precision)                  # [C_k, F_b]
     kf = k.astype(jnp.float32)
     half = 0.5 * jnp.sum(kf * kf, axis=1, keepdims=True)   # [C_k, 1]
     logits = jnp.where(keep[:, None], features.log_psi(name, s, half), core.NEG)
@@ -84,7 +84,7 @@ def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
     phi = jnp.where(keep[:, None], jnp.exp(logits - m_new[None, :]) * scale,
                     0.0).astype(v.dtype)
     v = jnp.where(keep[:, None], v, 0).astype(v.dtype)   # never read padded values
-    acc = acc + core.dot(phi, v, trans_a=True)
+    acc = acc + core.dot(phi, v, trans_a=True, precision=precision)
     z = z + jnp.sum(phi.astype(jnp.float32), axis=0)     # the same (rounded) φ as in S
     return acc, z, m_new
 
@@ -97,7 +97,7 @@ def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
 
 
 def _query_kernel(q_ref, omega_ref, s_ref, z_ref, m_ref, o_ref, *, name, block_f,
-                  num_blocks, scale, eps):
+                  num_blocks, scale, eps, precision):
   """One (b, h, query block): out = φ(q) S / max(φ(q)ᵀ z, eps), [C_q, D].
 
   φ(q) = e^{ℓ(q) + m_f − M_i}·scale with the keys' shifts m_f (``m_ref``) and M_i an
@@ -112,7 +112,7 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, m_ref, o_ref, *, name, block_f
   def body(i, carry):
     num, den, m = carry                                    # [C_q, D], [C_q], [C_q]
     feats = pl.ds(i * block_f, block_f)
-    s = core.project(q, omega_ref[feats, :])               # [C_q, F_b]
+    s = core.project(q, omega_ref[feats, :], precision)    # [C_q, F_b]
     logits = features.log_psi(name, s, half) + m_ref[feats][None, :]
     m_new = jnp.maximum(m, jnp.max(logits, axis=1))
     rescale = jnp.exp(m - m_new)
@@ -120,7 +120,7 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, m_ref, o_ref, *, name, block_f
     # φ(q) S in q's dtype (bf16 inputs: a bf16 product; the denominator uses the
     # same rounded φ, so only the state's rounding differs between the two).
     phi = (jnp.exp(logits - m_new[:, None]) * scale).astype(q.dtype)
-    num = num + core.dot(phi, s_ref[feats, :].astype(q.dtype))
+    num = num + core.dot(phi, s_ref[feats, :].astype(q.dtype), precision=precision)
     den = den + jnp.sum(phi.astype(jnp.float32) * z_ref[feats][None, :], axis=1)
     return num, den, m_new
 
@@ -132,7 +132,7 @@ def _query_kernel(q_ref, omega_ref, s_ref, z_ref, m_ref, o_ref, *, name, block_f
 
 def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref,
                         mp_ref, mm_ref, *, block_k, block_f, num_blocks, num_feature_blocks,
-                        scale):
+                        scale, precision):
   """``softmaxfeat`` keys, one (b, h, split, particle block f).
 
   log ψ = [s, −s] − lse (+ log 2M, a constant that cancels) couples all 2M features
@@ -155,7 +155,7 @@ def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_re
 
     def lse_body(g, mc):
       m, total = mc                                        # [C_k], [C_k]
-      s_g = core.project(k, omega_ref[pl.ds(g * block_f, block_f), :])
+      s_g = core.project(k, omega_ref[pl.ds(g * block_f, block_f), :], precision)
       m_new = jnp.maximum(m, jnp.max(jnp.abs(s_g), axis=1))   # max over [s, −s]
       total = total * jnp.exp(m - m_new) + jnp.sum(
           jnp.exp(s_g - m_new[:, None]) + jnp.exp(-s_g - m_new[:, None]), axis=1)
@@ -165,7 +165,7 @@ def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_re
         0, num_feature_blocks, lse_body,
         (jnp.zeros((block_k,), jnp.float32), jnp.zeros((block_k,), jnp.float32)))
     lse = (m + jnp.log(total))[:, None]                     # [C_k, 1]; |s| ≥ 0 so m ≥ 0
-    s = core.project(k, omega)                             # [C_k, F_b]
+    s = core.project(k, omega, precision)                  # [C_k, F_b]
     l_p = jnp.where(keep[:, None], s - lse, core.NEG)
     l_m = jnp.where(keep[:, None], -s - lse, core.NEG)
     mp_new = jnp.maximum(m_p, jnp.max(l_p, axis=0))
@@ -174,8 +174,10 @@ def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_re
     phi_p = jnp.where(keep[:, None], jnp.exp(l_p - mp_new[None, :]) * scale, 0.0)
     phi_m = jnp.where(keep[:, None], jnp.exp(l_m - mm_new[None, :]) * scale, 0.0)
     v = jnp.where(keep[:, None], v, 0).astype(v.dtype)
-    acc_p = acc_p * d_p[:, None] + core.dot(phi_p.astype(v.dtype), v, trans_a=True)
-    acc_m = acc_m * d_m[:, None] + core.dot(phi_m.astype(v.dtype), v, trans_a=True)
+    acc_p = acc_p * d_p[:, None] + core.dot(phi_p.astype(v.dtype), v, trans_a=True,
+                                            precision=precision)
+    acc_m = acc_m * d_m[:, None] + core.dot(phi_m.astype(v.dtype), v, trans_a=True,
+                                            precision=precision)
     return (acc_p, acc_m, z_p * d_p + jnp.sum(phi_p, axis=0),
             z_m * d_m + jnp.sum(phi_m, axis=0), mp_new, mm_new)
 
@@ -193,7 +195,7 @@ def _key_kernel_softmax(k_ref, v_ref, mask_ref, omega_ref, sp_ref, sm_ref, zp_re
 
 
 def _query_kernel_softmax(q_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref, mp_ref, mm_ref,
-                          o_ref, *, block_f, num_blocks, scale, eps):
+                          o_ref, *, block_f, num_blocks, scale, eps, precision):
   """``softmaxfeat`` queries, one (b, h, query block).
 
   The query row's own log-sum-exp is a factor of the whole row, so it cancels:
@@ -207,15 +209,15 @@ def _query_kernel_softmax(q_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref, mp_r
   def body(i, carry):
     num, den, m = carry                                    # [C_q, D], [C_q], [C_q]
     feats = pl.ds(i * block_f, block_f)
-    s = core.project(q, omega_ref[feats, :])               # [C_q, F_b]
+    s = core.project(q, omega_ref[feats, :], precision)    # [C_q, F_b]
     l_p = s + mp_ref[feats][None, :]
     l_m = -s + mm_ref[feats][None, :]
     m_new = jnp.maximum(m, jnp.maximum(jnp.max(l_p, axis=1), jnp.max(l_m, axis=1)))
     rescale = jnp.exp(m - m_new)
     e_p = cast(jnp.exp(l_p - m_new[:, None]) * scale)
     e_m = cast(jnp.exp(l_m - m_new[:, None]) * scale)
-    num = (num * rescale[:, None] + core.dot(e_p, cast(sp_ref[feats, :]))
-           + core.dot(e_m, cast(sm_ref[feats, :])))
+    num = (num * rescale[:, None] + core.dot(e_p, cast(sp_ref[feats, :]), precision=precision)
+           + core.dot(e_m, cast(sm_ref[feats, :]), precision=precision))
     den = (den * rescale
            + jnp.sum(e_p.astype(jnp.float32) * zp_ref[feats][None, :], axis=1)
            + jnp.sum(e_m.astype(jnp.float32) * zm_ref[feats][None, :], axis=1))
@@ -227,7 +229,7 @@ def _query_kernel_softmax(q_ref, omega_ref, sp_ref, sm_ref, zp_ref, zm_ref, mp_r
   o_ref[...] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
 
 
-def _combine_splits(s_part, z_part, m_part):
+def _combine_splits(s_part, z_part, m_part, precision=None):
   """One state per (b, h) from the splits' partials ``[B, H, S, F(, D)]``.
 
   Each split's feature f is shifted by its own max m_{s,f}; rescaled by
@@ -236,13 +238,24 @@ def _combine_splits(s_part, z_part, m_part):
   """
   m = jnp.max(m_part, axis=2, keepdims=True)                    # [B, H, 1, F]
   w = jnp.exp(m_part - m)                                       # [B, H, S, F]
-  return (jnp.einsum('bhsf,bhsfd->bhfd', w, s_part), jnp.sum(w * z_part, axis=2),
+  return (jnp.einsum('bhsf,bhsfd->bhfd', w, s_part, precision=precision),
+          jnp.sum(w * z_part, axis=2),
           jnp.where(m[:, :, 0] > 0.5 * core.NEG, m[:, :, 0], 0.0))
 
 
 
-def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_splits, eps,
-             interpret, num_warps, num_stages):
+def _forward(q, k, v, omega, key_mask, *, interpret, problem, **options):
+  """The kernels, interpreted or compiled as ``core.by_platform`` decides."""
+  masks = () if key_mask is None else (key_mask,)
+  run = lambda interp, q, k, v, omega, *m: _kernels(
+      q, k, v, omega, m[0] if m else None, interpret=interp, **options)
+  out = jax.ShapeDtypeStruct(v.shape, v.dtype)
+  return core.by_platform(run, (q, k, v, omega) + masks, out, interpret,
+                          f'pallas_linear_attention(feature_map={options["name"]!r})', problem)
+
+
+def _kernels(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_splits, eps,
+             interpret, num_warps, num_stages, precision):
   b, length, h, dim = q.shape
   d_v, num_features = v.shape[-1], omega.shape[1]
   out_dtype = v.dtype
@@ -269,31 +282,32 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
     # Outputs S⁺, S⁻, z⁺, z⁻, m⁺, m⁻ (features [φ⁺ | φ⁻]); every program reads all particles.
     sp, sm, zp, zm, mp, mm = pl.pallas_call(
         functools.partial(_key_kernel_softmax, block_k=block_k, block_f=block_f,
-                          num_blocks=blocks_per_split, num_feature_blocks=n_f, scale=scale),
+                          num_blocks=blocks_per_split, num_feature_blocks=n_f, scale=scale,
+                          precision=precision),
         grid=(b, h, num_splits, n_f),
         in_specs=key_inputs + [pl.BlockSpec((None, num_features, dim),
                                             lambda i, j, s, f: (j, 0, 0))],
         out_specs=[state_spec] * 2 + [norm_spec] * 4,
         out_shape=[part(num_features, d_v)] * 2 + [part(num_features)] * 4,
         **params)(k_p, v_p, mask_p, omega)
-    s_p, z_p, m_p = _combine_splits(sp, zp, mp)
-    s_m, z_m, m_m = _combine_splits(sm, zm, mm)
+    s_p, z_p, m_p = _combine_splits(sp, zp, mp, precision)
+    s_m, z_m, m_m = _combine_splits(sm, zm, mm, precision)
     states = [s_p, s_m, z_p, z_m, m_p, m_m]
     kernel = functools.partial(_query_kernel_softmax, block_f=block_f, num_blocks=n_f,
-                               scale=scale, eps=eps)
+                               scale=scale, eps=eps, precision=precision)
   else:
     s_part, z_part, m_part = pl.pallas_call(
         functools.partial(_key_kernel, name=name, block_k=block_k,
-                          num_blocks=blocks_per_split, scale=scale),
+                          num_blocks=blocks_per_split, scale=scale, precision=precision),
         grid=(b, h, num_splits, n_f),
         in_specs=key_inputs + [pl.BlockSpec((None, block_f, dim),
                                             lambda i, j, s, f: (j, f, 0))],
         out_specs=[state_spec, norm_spec, norm_spec],
         out_shape=[part(num_features, d_v), part(num_features), part(num_features)],
         **params)(k_p, v_p, mask_p, omega)
-    states = list(_combine_splits(s_part, z_part, m_part))
+    states = list(_combine_splits(s_part, z_part, m_part, precision))
     kernel = functools.partial(_query_kernel, name=name, block_f=block_f, num_blocks=n_f,
-                               scale=scale, eps=eps)
+                               scale=scale, eps=eps, precision=precision)
 
   # Queries.
   q_len = pl.cdiv(length, block_q) * block_q
@@ -314,7 +328,8 @@ def _forward(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
 
 _attend = core.with_xla_gradients(
     _forward, lambda q, k, v, omega, key_mask, opts: attention_core.xla_fused_linear_attention(
-        q, k, v, omega, feature_map=opts['name'], key_mask=key_mask, eps=opts['eps']))
+        q, k, v, omega, feature_map=opts['name'], key_mask=key_mask, eps=opts['eps'],
+        precision=opts['precision']))
 
 
 
@@ -324,7 +339,7 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
                             num_splits: Optional[int] = None,
                             eps: float = attention_core.DEFAULT_EPS,
                             interpret: Optional[bool] = None, num_warps: int = 4,
-                            num_stages: int = 2) -> jax.Array:
+                            num_stages: int = 2, precision=None) -> jax.Array:
   r"""``fused_linear_attention``'s result from two Pallas kernels, ``[B, L, H, D]``.
 
   Args:
@@ -339,12 +354,24 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
     num_splits: key splits S per (b, h) (default: one per 4096 keys, at most
       64), so that the key kernel has B·H·S·M/F_b programs.
     eps: denominator guard.
-    interpret: run the kernels in Pallas interpret mode (default: True unless
-      the default backend is a GPU).
+    interpret: True: Pallas interpret mode (plain XLA ops, any platform); False: the
+      compiled Triton kernels (cuda only); None (default): decided by the platform the
+      program is lowered for, not the host (``jax.lax.platform_dependent``): compiled
+      for cuda, interpreted for cpu, a ValueError for tpu (no TPU kernel: use
+      ``fused_linear_attention(implementation='auto')``, XLA there).
     num_warps, num_stages: Triton launch parameters.
+    precision: of every matrix product, kernels and (under ``grad``) the XLA path
+      alike (``attention.linear_attention``'s argument: None = the backend's default,
+      TF32 for float32 on recent NVIDIA GPUs; ``'highest'``: IEEE float32).
+
+  Compiled, every side of a matrix product (the head dims d and D, ``block_q``,
+  ``block_k``, ``block_f``) must be a power of two ≥ 16 (``core.triton_problem``):
+  ``interpret=False`` refuses other sizes with a ValueError naming the value before
+  anything is lowered; ``interpret=None`` when lowered for cuda.
   """
   attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
   attention_core.check_eps(eps)
+  precision = attention_core.check_precision(precision)
   length = q.shape[1]
   block_q, block_k = (core.power_of_two(n, x) for n, x in
                       (('block_q', block_q), ('block_k', block_k)))
@@ -352,19 +379,31 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
   if num_splits is None:
     num_splits = min(64, pl.cdiv(length, 4096))
   num_splits = _checks.check_int('num_splits', num_splits, 1)
-  interpret = core.default_interpret(interpret)
+  if interpret is not None:
+    interpret = bool(interpret)
+  problem = _triton_problem(q.shape, v.shape, block_q, block_k, block_f)
+  core.check_compilable(interpret, f'pallas_linear_attention(feature_map={feature_map!r})',
+                        problem)
   options = (('name', feature_map), ('block_q', block_q), ('block_k', block_k),
              ('block_f', block_f), ('num_splits', num_splits), ('eps', float(eps)),
-             ('interpret', bool(interpret)), ('num_warps', num_warps),
-             ('num_stages', num_stages))
+             ('interpret', interpret), ('problem', problem), ('num_warps', num_warps),
+             ('num_stages', num_stages), ('precision', precision))
   return _attend(q, k, v, omega, key_mask, options)
 
 
+def _triton_problem(q_shape, v_shape, block_q, block_k, block_f):
+  """``core.triton_problem`` of the sides the two kernels multiply."""
+  return core.triton_problem((('the head dim d of q', q_shape[-1]),
+                              ('the value dim D of v', v_shape[-1]), ('block_q', block_q),
+                              ('block_k', block_k), ('block_f', block_f)))
+
+
 def shape_supported(q_shape, v_shape, omega_shape, feature_map) -> bool:
-  """Whether the default blocks fit: Triton dots need power-of-two sides ≥ 16."""
-  pow2 = lambda x: x >= 16 and not x & (x - 1)
-  return (feature_map in PALLAS_FEATURE_MAPS and pow2(q_shape[-1]) and pow2(v_shape[-1])
-          and omega_shape[1] % 64 == 0)
+  """Whether ``'auto'`` may take the kernels: a kernel map, M a multiple of 64 (default
+  ``block_f`` = 64) and the default blocks within Triton's rules (``core.triton_problem``:
+  d and D powers of two ≥ 16). The causal kernel's rules are the same (its chunk 64)."""
+  return (feature_map in PALLAS_FEATURE_MAPS and omega_shape[1] % 64 == 0
+          and _triton_problem(q_shape, v_shape, 64, 64, 64) is None)
 
 
 @functools.lru_cache(maxsize=None)

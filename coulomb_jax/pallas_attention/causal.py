@@ -24,7 +24,7 @@ from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS
 
 
 def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chunk,
-                   block_f, num_chunks, num_feature_blocks, eps):
+                   block_f, num_chunks, num_feature_blocks, eps, precision):
   """One (b, h): out_i = Σ_{j≤i} φ(q_i)·φ(k_j) v_j / Σ_{j≤i} φ(q_i)·φ(k_j), chunk by chunk.
 
   The running state S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j) of the chunks before is kept
@@ -51,7 +51,7 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
     """ℓ of a [C, d] row block: a list of [C, F_b] blocks (softmaxfeat: s blocks, then −s)."""
     xf = x.astype(jnp.float32)
     half = 0.5 * jnp.sum(xf * xf, axis=1, keepdims=True)           # [C, 1]
-    s = [core.project(x, w) for w in omegas]                       # n_f × [C, F_b]
+    s = [core.project(x, w, precision) for w in omegas]           # n_f × [C, F_b]
     if not softmax:
       return [features.log_psi(name, sb, half) for sb in s]
     blocks = s + [-sb for sb in s]
@@ -79,13 +79,16 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
     phi_k = [jnp.where(keep[:, None], jnp.exp(l - mn[None, :]) * scale, 0.0)
              for l, mn in zip(lk, m_new)]
     v = jnp.where(keep[:, None], v, 0).astype(jnp.float32)
-    a = sum(core.dot(pq, pk, trans_b=True) for pq, pk in zip(phi_q, phi_k))  # [C, C]
+    a = sum(core.dot(pq, pk, trans_b=True, precision=precision)
+            for pq, pk in zip(phi_q, phi_k))                                   # [C, C]
     a = jnp.where(causal, a, 0.0)
-    num = core.dot(a, v) + sum(core.dot(pq, s) for pq, s in zip(phi_q, states))
+    num = core.dot(a, v, precision=precision) + sum(
+        core.dot(pq, s, precision=precision) for pq, s in zip(phi_q, states))
     den = jnp.sum(a, axis=1) + sum(jnp.sum(pq * z[None, :], axis=1)
                                    for pq, z in zip(phi_q, norms))
     o_ref[rows, :] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
-    states = [s + core.dot(pk, v, trans_a=True) for s, pk in zip(states, phi_k)]
+    states = [s + core.dot(pk, v, trans_a=True, precision=precision)
+              for s, pk in zip(states, phi_k)]
     norms = [z + jnp.sum(pk, axis=0) for z, pk in zip(norms, phi_k)]
     return states, norms, m_new
 
@@ -96,21 +99,33 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
   jax.lax.fori_loop(0, num_chunks, body, init)
 
 
-def _causal_reference(q, k, v, omega, key_mask, *, name, eps):
+def _causal_reference(q, k, v, omega, key_mask, *, name, eps, precision=None):
   """The XLA path: per-head features stored, then ``causal_linear_attention``.
 
   The features are ``features.attention_pair``'s (per key feature over all real
   keys, and per query row: factors common to a query's row, which cancel as the
-  kernel's prefix maxima do).
+  kernel's prefix maxima do). ``precision``: of ``causal_linear_attention``'s products
+  (the features are ``features.attention_pair``'s, at the backend's default).
   """
   pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, name, key_mask)
   qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
-  return attention_core.causal_linear_attention(qf, kf, v, key_mask, eps=eps)
+  return attention_core.causal_linear_attention(qf, kf, v, key_mask, eps=eps,
+                                                precision=precision)
 
 
 
-def _causal_forward(q, k, v, omega, key_mask, *, name, chunk, block_f, eps, interpret,
-                    num_warps, num_stages):
+def _causal_forward(q, k, v, omega, key_mask, *, interpret, problem, **options):
+  """The kernel, interpreted or compiled as ``core.by_platform`` decides."""
+  masks = () if key_mask is None else (key_mask,)
+  run = lambda interp, q, k, v, omega, *m: _causal_kernel_call(
+      q, k, v, omega, m[0] if m else None, interpret=interp, **options)
+  out = jax.ShapeDtypeStruct(v.shape, v.dtype)
+  what = f'pallas_causal_linear_attention(feature_map={options["name"]!r})'
+  return core.by_platform(run, (q, k, v, omega) + masks, out, interpret, what, problem)
+
+
+def _causal_kernel_call(q, k, v, omega, key_mask, *, name, chunk, block_f, eps, interpret,
+                        num_warps, num_stages, precision):
   b, length, h, dim = q.shape
   d_v, num_features = v.shape[-1], omega.shape[1]
   out_dtype = v.dtype
@@ -121,7 +136,8 @@ def _causal_forward(q, k, v, omega, key_mask, *, name, chunk, block_f, eps, inte
   out = pl.pallas_call(
       functools.partial(_causal_kernel, name=name, chunk=chunk, block_f=block_f,
                         num_chunks=padded // chunk,
-                        num_feature_blocks=num_features // block_f, eps=eps),
+                        num_feature_blocks=num_features // block_f, eps=eps,
+                        precision=precision),
       grid=(b, h),
       in_specs=[rows(dim), rows(dim), rows(d_v),
                 pl.BlockSpec((None, padded), lambda i, j: (i, 0)),
@@ -136,7 +152,8 @@ def _causal_forward(q, k, v, omega, key_mask, *, name, chunk, block_f, eps, inte
 
 _attend_causal = core.with_xla_gradients(
     _causal_forward, lambda q, k, v, omega, key_mask, opts: _causal_reference(
-        q, k, v, omega, key_mask, name=opts['name'], eps=opts['eps']))
+        q, k, v, omega, key_mask, name=opts['name'], eps=opts['eps'],
+        precision=opts['precision']))
 
 
 
@@ -146,7 +163,7 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                    block_f: Optional[int] = None,
                                    eps: float = attention_core.DEFAULT_EPS,
                                    interpret: Optional[bool] = None, num_warps: int = 4,
-                                   num_stages: int = 2) -> jax.Array:
+                                   num_stages: int = 2, precision=None) -> jax.Array:
   r"""Causal linear attention from one Pallas kernel, ``[B, L, H, D]``: out_i sees j ≤ i.
 
   The result of ``attention.causal_linear_attention(φ(q), φ(k), v, key_mask)``
@@ -162,8 +179,10 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   Under differentiation the XLA path (stored features, ``causal_linear_attention``)
   runs forward and backward, as for ``pallas_linear_attention``.
 
-  Args: as ``pallas_linear_attention``, with ``chunk_size`` C (a power of two;
-  L need not be a multiple of it) instead of the block and split sizes.
+  Args: as ``pallas_linear_attention`` (``interpret`` decided by the lowering platform,
+  ``precision``), with ``chunk_size`` C (a power of two; L need not be a multiple of it)
+  instead of the block and split sizes. Compiled, C, ``block_f`` and the head dims d and D
+  must be powers of two ≥ 16 (``core.triton_problem``).
 
   Not exact at large inputs for favor, porf_softplus and softmaxfeat: see
   ``attention_core.causal_linear_attention``; ``attention.fused_causal_linear_attention``
@@ -171,10 +190,22 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   """
   attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
   attention_core.check_eps(eps)
+  precision = attention_core.check_precision(precision)
   chunk = core.power_of_two('chunk_size', chunk_size)
   block_f = core.feature_block(block_f, omega.shape[1])
-  interpret = core.default_interpret(interpret)
+  if interpret is not None:
+    interpret = bool(interpret)
+  problem = causal_triton_problem(q.shape, v.shape, chunk, block_f)
+  core.check_compilable(
+      interpret, f'pallas_causal_linear_attention(feature_map={feature_map!r})', problem)
   options = (('name', feature_map), ('chunk', chunk), ('block_f', block_f),
-             ('eps', float(eps)), ('interpret', bool(interpret)), ('num_warps', num_warps),
-             ('num_stages', num_stages))
+             ('eps', float(eps)), ('interpret', interpret), ('problem', problem),
+             ('num_warps', num_warps), ('num_stages', num_stages), ('precision', precision))
   return _attend_causal(q, k, v, omega, key_mask, options)
+
+
+def causal_triton_problem(q_shape, v_shape, chunk, block_f):
+  """``core.triton_problem`` of the sides the causal kernel multiplies (None: it compiles)."""
+  return core.triton_problem((('the head dim d of q', q_shape[-1]),
+                              ('the value dim D of v', v_shape[-1]), ('chunk_size', chunk),
+                              ('block_f', block_f)))

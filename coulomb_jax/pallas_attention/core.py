@@ -6,17 +6,23 @@
   exponent s = x ωᵀ of most maps, never with bf16 operands);
 * ``kernel_inputs``, ``pad_rows``: q, k, v as the kernels read them (float32 or
   wider in interpret mode), the key mask as int32, rows padded to whole blocks;
-* ``power_of_two``, ``feature_block``, ``default_interpret``: the checked block
-  sizes (``block_f`` defaults to gcd(M, 64)) and the interpret-mode default (on
-  unless the default backend is a GPU);
+* ``power_of_two``, ``feature_block``, ``triton_problem``: the checked block sizes
+  (``block_f`` defaults to gcd(M, 64)) and Triton's shape rules (every matrix side a
+  power of two ≥ 16), checked before anything is lowered;
+* ``by_platform``: interpret mode or the compiled kernels, decided by the platform the
+  program is lowered for (``interpret=None``: compiled for cuda, interpreted for cpu
+  and the rest, a one-line error for tpu), not by the host;
 * ``with_xla_gradients``: the kernels when evaluated, the XLA path under ``grad``
   (the kernels have no backward).
 """
 
 import functools
 import math
+from typing import Optional
 
 import jax
+from jax.extend import core as jax_core
+from jax.interpreters import mlir
 import jax.numpy as jnp
 
 from coulomb_jax import _checks
@@ -36,17 +42,17 @@ def dot(a, b, trans_a=False, trans_b=False, precision=None):
                              preferred_element_type=jnp.float32)
 
 
-def project(x, omega):
+def project(x, omega, precision=None):
   """s = x ωᵀ in float32: the exponent of most maps, so never with bf16 operands.
 
-  Float32 inputs: the backend's default float32 dot (on recent NVIDIA GPUs Triton
-  lowers it to TF32, as XLA's default precision does for the reference path).
-  16-bit inputs: TF32 explicitly; the particles stay float32, so they are not
-  rounded to bf16.
+  ``precision`` (a ``jax.lax.Precision``) when given; else for float32 inputs the
+  backend's default float32 dot (on recent NVIDIA GPUs Triton lowers it to TF32, as
+  XLA's default precision does for the reference path), and for 16-bit inputs TF32
+  explicitly; the particles stay float32, so they are not rounded to bf16.
   """
-  fast = x.dtype.itemsize < 4
-  return dot(x.astype(jnp.float32), omega, trans_b=True,
-             precision=jax.lax.Precision.HIGH if fast else None)
+  if precision is None and x.dtype.itemsize < 4:
+    precision = jax.lax.Precision.HIGH
+  return dot(x.astype(jnp.float32), omega, trans_b=True, precision=precision)
 
 
 def kernel_inputs(q, k, v, key_mask, interpret):
@@ -89,11 +95,78 @@ def feature_block(block_f, num_particles):
   return block_f
 
 
-def default_interpret(interpret):
-  """``interpret``, or (None) whether the default backend is not a GPU."""
+TRITON_MIN_SIDE = 16
+"""Triton's smallest dot: every side of a matrix product at least 16 (and a power of two)."""
+
+
+def triton_problem(sides) -> Optional[str]:
+  """The first of Triton's shape rules that ``sides`` break, as a sentence, or None.
+
+  ``sides``: ``(name, value)`` pairs, every value a side of a matrix product in the
+  kernels (block rows, head dims, feature blocks), so each must be a power of two
+  ≥ ``TRITON_MIN_SIDE``. Sizes that break it lower fine and would fail only when the
+  GPU compiles the kernel, with an error from deep inside Triton; this names them first.
+  """
+  for name, value in sides:
+    if value < TRITON_MIN_SIDE or value & (value - 1):
+      return (f'{name} = {value} must be a power of two >= {TRITON_MIN_SIDE} for the '
+              f'compiled (Triton) kernels: every side of a matrix product in them is '
+              f'(Triton\'s smallest dot is 16 × 16)')
+  return None
+
+
+_refuse_p = jax_core.Primitive('coulomb_jax_no_kernel')
+_refuse_p.def_abstract_eval(lambda x, *, message: x)
+
+
+def _refuse_lowering(ctx, x, *, message):
+  del x
+  raise ValueError(f'{message} (lowering for {", ".join(ctx.module_context.platforms)}).')
+
+
+mlir.register_lowering(_refuse_p, _refuse_lowering)
+
+
+def _refusal(out, message):
+  """A branch that traces to ``out``'s shape and raises ``ValueError(message)`` if lowered."""
+  return lambda *args: _refuse_p.bind(jnp.zeros(out.shape, out.dtype), message=message)
+
+
+def check_compilable(interpret, what, problem) -> None:
+  """``interpret=False`` with a broken shape rule (``triton_problem``): one ValueError now."""
+  if interpret is False and problem is not None:
+    raise ValueError(f'{what}: {problem}; interpret=True runs any size.')
+
+
+def by_platform(run, args, out, interpret, what, problem):
+  """``run(interpret, *args)`` with the interpret decision made by the lowering platform.
+
+  * ``interpret=True``: interpret mode everywhere (plain XLA ops; slow, any platform).
+  * ``interpret=False``: the compiled Triton kernels (``check_compilable`` first);
+    lowering for anything but cuda raises a ValueError naming ``what``.
+  * ``interpret=None``: decided by ``jax.lax.platform_dependent``, so by the platform
+    the program is lowered for, not the host: compiled for cuda (``problem``, a broken
+    shape rule, raised when lowered for cuda), a one-line error for tpu (these are
+    Triton kernels; ``attention.fused_linear_attention(implementation='auto')`` takes
+    XLA there), and interpret mode for cpu and every other platform.
+
+  ``out``: the result's ``ShapeDtypeStruct``; ``what``: the call, for the messages.
+  """
+  if interpret:
+    return run(True, *args)
+  compiled = lambda *a: run(False, *a)
+  if problem is not None:
+    check_compilable(interpret, what, problem)
+    compiled = _refusal(out, f'{what}: {problem}; interpret=True runs any size')
   if interpret is None:
-    interpret = jax.default_backend() != 'gpu'
-  return interpret
+    no_tpu = (f'{what}: the Pallas kernels are Triton (GPU) kernels and cannot be lowered '
+              f'for TPU; use implementation=\'xla\' or \'auto\' (XLA on TPU), or '
+              f'interpret=True')
+    return jax.lax.platform_dependent(*args, cuda=compiled, tpu=_refusal(out, no_tpu),
+                                      default=lambda *a: run(True, *a))
+  only_cuda = (f'{what}: interpret=False compiles the Triton kernels, which lower only for '
+               f'cuda; use interpret=None (decided by the platform) or True')
+  return jax.lax.platform_dependent(*args, cuda=compiled, default=_refusal(out, only_cuda))
 
 
 def with_xla_gradients(forward, reference):
