@@ -1,12 +1,16 @@
-"""Cross-platform lowering from this CPU (issue 26, item 1, first part): the library's
-entry points lower for ``cuda`` and ``tpu`` without a device
-(``jax.jit(f).trace(*args).lower(lowering_platforms=(p,))``; nothing is compiled).
+"""Cross-platform lowering from this CPU (issue 26): the library's entry points lower
+for ``cuda`` and ``tpu`` without a device
+(``jax.jit(f).trace(*args).lower(lowering_platforms=(p,))``; nothing is compiled), and
+the attention kernels are chosen by the platform lowered for, not the host: ``'auto'``
+is Triton for cuda and XLA for cpu and tpu; the Pallas kernels (``interpret=None``)
+are compiled for cuda, interpreted for cpu and a one-line ValueError for tpu; shapes
+Triton cannot compile are refused before lowering; ``precision`` reaches every product.
 
-Not yet covered here: the sharded step on an abstract mesh, Phase A/B steps, predict,
-and the Pallas kernels for ``tpu`` (they do not lower there yet: they
-always pass Triton compiler parameters; see issue 26)."""
+Not yet covered here: the sharded step on an abstract mesh, Phase A/B steps, predict.
+No TPU (Mosaic) kernel exists: ``'pallas'`` on tpu is the refusal tested below."""
 
 import jax
+from jax.extend import core as jax_core
 import jax.numpy as jnp
 import pytest
 
@@ -77,6 +81,10 @@ def test_pallas_forward_lowers_to_a_triton_call_for_cuda():
   assert '__gpu$xla.gpu.triton' in text
 
 
+def _lower(f, *args, platform):
+  return jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
 @pytest.mark.parametrize('masked', [False, True])
 def test_auto_takes_the_kernels_by_the_lowering_platform_not_the_host(masked):
   from coulomb_jax import attention  # pylint: disable=g-import-not-at-top
@@ -98,3 +106,129 @@ def test_auto_takes_the_kernels_by_the_lowering_platform_not_the_host(masked):
   text = jax.jit(small).trace(q[..., :8], omega[..., :8]).lower(
       lowering_platforms=('cuda',)).as_text()
   assert 'triton' not in text
+
+
+def _qo(dim=16, num=64, length=32):
+  q = 0.5 * jax.random.normal(jax.random.key(0), (1, length, 2, dim))
+  return q, jax.random.normal(jax.random.key(1), (2, num, dim))
+
+
+CAUSAL_AUTO = lambda q, om: attention.fused_causal_linear_attention(q, q, q, om,
+                                                                    implementation='auto')
+
+
+def test_causal_auto_is_the_kernel_for_cuda_and_xla_for_cpu_and_tpu():
+  q, omega = _qo()
+  assert '__gpu$xla.gpu.triton' in _lower(CAUSAL_AUTO, q, omega, platform='cuda')
+  for platform in ('cpu', 'tpu'):
+    assert 'triton' not in _lower(CAUSAL_AUTO, q, omega, platform=platform)
+  # Run here, 'auto' is the XLA path exactly, and the default ('xla') is the same.
+  xla = attention.fused_causal_linear_attention(q, q, q, omega)
+  assert jnp.array_equal(jax.jit(CAUSAL_AUTO)(q, omega), xla)
+  # A shape the kernel does not take (M = 32, or head dim 8) is XLA for cuda too.
+  assert 'triton' not in _lower(CAUSAL_AUTO, q, omega[:, :32], platform='cuda')
+  assert 'triton' not in _lower(CAUSAL_AUTO, q[..., :8], omega[..., :8], platform='cuda')
+
+
+PALLAS = {
+    'bidirectional': lambda q, om: attention.fused_linear_attention(
+        q, q, q, om, feature_map='elu', implementation='pallas'),
+    'causal': lambda q, om: attention.fused_causal_linear_attention(
+        q, q, q, om, feature_map='elu', implementation='pallas'),
+}
+
+
+@pytest.mark.parametrize('path', sorted(PALLAS))
+def test_pallas_is_compiled_for_cuda_interpreted_for_cpu_and_refused_for_tpu(path):
+  f = PALLAS[path]
+  q, omega = _qo()
+  assert '__gpu$xla.gpu.triton' in _lower(f, q, omega, platform='cuda')
+  assert 'triton' not in _lower(f, q, omega, platform='cpu')      # interpret mode
+  name = 'pallas_causal_linear_attention' if path == 'causal' else 'pallas_linear_attention'
+  with pytest.raises(ValueError, match=(rf"^{name}\(feature_map='elu'\): the Pallas kernels "
+                                        r"are Triton \(GPU\) kernels and cannot be lowered "
+                                        r"for TPU; use implementation='xla' or 'auto'")):
+    _lower(f, q, omega, platform='tpu')
+  # Gradients are the XLA path's: they lower for tpu too.
+  grad = jax.grad(lambda q, om: f(q, om).sum(), argnums=(0, 1))
+  assert 'triton' not in _lower(grad, q, omega, platform='tpu')
+
+
+def test_interpret_explicit_overrides_the_platform():
+  q, omega = _qo()
+  call = lambda interpret: lambda q, om: pallas_attention.pallas_linear_attention(
+      q, q, q, om, interpret=interpret)
+  assert 'triton' not in _lower(call(True), q, omega, platform='cuda')
+  assert 'triton' not in _lower(call(True), q, omega, platform='tpu')
+  with pytest.raises(ValueError, match=r'interpret=False compiles the Triton kernels, which '
+                                       r'lower only for cuda.*\(lowering for cpu\)'):
+    _lower(call(False), q, omega, platform='cpu')
+  # Run here, the default is interpret mode: the same numbers as interpret=True.
+  assert jnp.array_equal(jax.jit(call(None))(q, omega), jax.jit(call(True))(q, omega))
+
+
+SMALL = [   # (what, dim, kwargs, the value named)
+    ('head dim 8', 8, {}, r'the head dim d of q = 8'),
+    ('block_q 8', 16, dict(block_q=8), r'block_q = 8'),
+    ('block_k 8', 16, dict(block_k=8), r'block_k = 8'),
+    ('block_f 8', 16, dict(block_f=8), r'block_f = 8'),
+]
+
+
+@pytest.mark.parametrize('what, dim, kwargs, named', SMALL, ids=[s[0] for s in SMALL])
+def test_shapes_triton_cannot_compile_are_refused_before_lowering(what, dim, kwargs, named):
+  del what
+  q, omega = _qo(dim)
+  rule = named + r' must be a power of two >= 16 for the compiled \(Triton\) kernels'
+  with pytest.raises(ValueError, match=r"^pallas_linear_attention\(feature_map='favor'\): "
+                     + rule):
+    pallas_attention.pallas_linear_attention(q, q, q, omega, interpret=False, **kwargs)
+  f = lambda q, om: pallas_attention.pallas_linear_attention(q, q, q, om, **kwargs)
+  with pytest.raises(ValueError, match=rule + r'.*\(lowering for cuda\)'):
+    _lower(f, q, omega, platform='cuda')
+  assert 'triton' not in _lower(f, q, omega, platform='cpu')   # interpret mode: any size
+  assert not pallas_attention.shape_supported(q.shape, q.shape, (2, 8, dim), 'favor')
+
+
+def test_causal_shapes_triton_cannot_compile_are_refused():
+  q, omega = _qo(16)
+  with pytest.raises(ValueError, match=r"^pallas_causal_linear_attention\(feature_map='elu'\): "
+                                       r'chunk_size = 8 must be a power of two >= 16'):
+    pallas_attention.pallas_causal_linear_attention(q, q, q, omega, feature_map='elu',
+                                                    chunk_size=8, interpret=False)
+  q8, omega8 = _qo(8)
+  with pytest.raises(ValueError, match=r'the head dim d of q = 8 must be a power of two'):
+    pallas_attention.pallas_causal_linear_attention(q8, q8, q8, omega8, interpret=False)
+  assert not pallas_attention.shape_supported(q8.shape, q8.shape, omega8.shape, 'favor')
+  assert pallas_attention.shape_supported(q.shape, q.shape, omega.shape, 'favor')
+
+
+def _dot_precisions(jaxpr):
+  """The ``precision`` of every dot_general in a (closed) jaxpr, sub-jaxprs included."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'dot_general':
+      found.append(eqn.params['precision'])
+    for sub in jax_core.jaxprs_in_params(eqn.params):
+      found += _dot_precisions(sub)
+  return found
+
+
+@pytest.mark.parametrize('path', ['bidirectional', 'causal'])
+def test_precision_reaches_every_product_of_kernels_and_xla(path):
+  q, omega = _qo()
+  highest = (jax.lax.Precision.HIGHEST,) * 2
+  if path == 'bidirectional':
+    fns = [lambda q, om, impl=impl: attention.fused_linear_attention(
+        q, q, q, om, implementation=impl, precision='highest') for impl in ('xla', 'pallas')]
+  else:
+    fns = [lambda q, om, impl=impl: attention.fused_causal_linear_attention(
+        q, q, q, om, implementation=impl, precision='highest') for impl in ('xla', 'pallas')]
+  for fn in fns + [jax.grad(lambda q, om, f=fn: f(q, om).sum()) for fn in fns]:
+    precisions = _dot_precisions(jax.make_jaxpr(fn)(q, omega).jaxpr)
+    assert len(precisions) >= 3 and all(p == highest for p in precisions), precisions
+  text = _lower(fns[0], q, omega, platform='cuda')
+  assert text.count('dot_general') == text.count('precision = [HIGHEST, HIGHEST]') > 0
+  with pytest.raises(ValueError, match=r"^precision must be None, a jax.lax.Precision or one "
+                                       r"of \('default', 'high', 'highest'\), got 'fp32'"):
+    attention.fused_linear_attention(q, q, q, omega, precision='fp32')

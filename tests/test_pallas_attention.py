@@ -3,7 +3,9 @@
 The kernels are checked against the XLA path (``fused_linear_attention(...,
 implementation='xla')``, itself checked against the explicit O(L²) form in
 test_attention.py) with a sequence length that is not a multiple of any
-block, several key splits and feature blocks, and a padded batch row.
+block, several key splits and feature blocks, and a padded batch row. Both sides run
+at ``precision='highest'`` (``HIGHEST``), so the tolerances hold on a GPU too, where the
+default float32 product is TF32.
 """
 
 import functools
@@ -20,7 +22,8 @@ from coulomb_jax.pallas_attention import bidirectional
 from coulomb_jax.pallas_attention import causal
 
 B, L, H, DIM, D, M = 2, 45, 2, 16, 16, 32   # Sides ≥ 16: Triton's smallest dot.
-BLOCKS = dict(block_q=16, block_k=16, block_f=16, num_splits=2)
+HIGHEST = jax.lax.Precision.HIGHEST
+BLOCKS = dict(block_q=16, block_k=16, block_f=16, num_splits=2, precision='highest')
 ON_GPU = jax.default_backend() == 'gpu'
 
 
@@ -36,7 +39,8 @@ def _inputs(key, length=L, scale=0.5):
 
 def _xla(q, k, v, omega, mask, name):
   return attention.fused_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask,
-                                          chunk_size=16, implementation='xla')
+                                          chunk_size=16, implementation='xla',
+                                          precision='highest')
 
 
 @pytest.mark.parametrize('name', pa.PALLAS_FEATURE_MAPS)
@@ -83,7 +87,8 @@ def test_gradients_are_the_xla_paths():
   loss = lambda fn: lambda *a: jnp.sum(w * fn(*a))
   pallas = functools.partial(pa.pallas_linear_attention, feature_map='favor', key_mask=mask,
                              **BLOCKS)
-  xla = lambda *a: attention.fused_linear_attention(*a, key_mask=mask, implementation='xla')
+  xla = lambda *a: attention.fused_linear_attention(*a, key_mask=mask, implementation='xla',
+                                                    precision=HIGHEST)
   got = jax.grad(loss(pallas), argnums=(0, 1, 2, 3))(q, k, v, omega)
   want = jax.grad(loss(xla), argnums=(0, 1, 2, 3))(q, k, v, omega)
   for g, r in zip(got, want):
@@ -159,7 +164,7 @@ def test_bad_input(kwargs, match):
 
 # ---- causal
 
-CAUSAL = dict(chunk_size=16, block_f=16)
+CAUSAL = dict(chunk_size=16, block_f=16, precision=HIGHEST)
 
 
 def _real(out, mask):
@@ -172,7 +177,8 @@ def test_causal_kernel_equals_xla_path(name):
   q, k, v, omega, mask = _inputs(jax.random.key(10))
   out = pa.pallas_causal_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask,
                                           **CAUSAL)
-  ref = causal._causal_reference(q, k, v, omega, mask, name=name, eps=attention.DEFAULT_EPS)
+  ref = causal._causal_reference(q, k, v, omega, mask, name=name, eps=attention.DEFAULT_EPS,
+                                 precision=HIGHEST)
   np.testing.assert_allclose(_real(out, mask), _real(ref, mask), rtol=2e-5, atol=2e-6)
 
 
@@ -185,7 +191,7 @@ def test_causal_is_causal_and_stable(name):
   out = pa.pallas_causal_linear_attention(q, k, v, omega, feature_map=name, key_mask=mask,
                                           eps=1e-30, **CAUSAL)
   assert np.all(np.isfinite(out))
-  ref = causal._causal_reference(q, k, v, omega, mask, name=name, eps=1e-30)
+  ref = causal._causal_reference(q, k, v, omega, mask, name=name, eps=1e-30, precision=HIGHEST)
   np.testing.assert_allclose(_real(out, mask), _real(ref, mask), rtol=1e-4, atol=1e-5)
   # The future does not leak: new keys and values after position 20 change nothing before.
   k2 = k.at[:, 21:].set(-k[:, 21:])
@@ -204,7 +210,8 @@ def test_causal_gradients_are_the_xla_paths():
   w = jax.random.normal(jax.random.key(13), (B, L, H, D)) * mask[:, :, None, None]
   fn = functools.partial(pa.pallas_causal_linear_attention, feature_map='elu', key_mask=mask,
                          **CAUSAL)
-  ref = lambda *a: causal._causal_reference(*a, mask, name='elu', eps=attention.DEFAULT_EPS)
+  ref = lambda *a: causal._causal_reference(*a, mask, name='elu', eps=attention.DEFAULT_EPS,
+                                            precision=HIGHEST)
   got = jax.grad(lambda *a: jnp.sum(w * fn(*a)), argnums=(0, 1, 2, 3))(q, k, v, omega)
   want = jax.grad(lambda *a: jnp.sum(w * ref(*a)), argnums=(0, 1, 2, 3))(q, k, v, omega)
   for g, r in zip(got, want):
@@ -240,3 +247,35 @@ class PallasVariantsTest(chex.TestCase):
       ref = causal._causal_reference(q64, k64, v64, omega64, mask, name='porf_softplus',
                                  eps=attention.DEFAULT_EPS)
       chex.assert_trees_all_close(_real(out64, mask), _real(ref, mask), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize('name', ['favor', 'elu', 'softmaxfeat'])
+def test_every_path_agrees_at_precision_highest(name):
+  # Materialised on stored features, chunked XLA and the kernels, bidirectional and causal,
+  # all at HIGHEST (on a GPU the default would be TF32 and these tolerances would not hold).
+  from coulomb_jax import features  # pylint: disable=g-import-not-at-top
+  q, k, v, omega, mask = _inputs(jax.random.key(16))
+  pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, name, mask)
+  with jax.default_matmul_precision('highest'):
+    qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
+  hi = dict(feature_map=name, key_mask=mask, precision='highest')
+  bidirectional_paths = {
+      'materialised': attention.linear_attention(qf, kf, v, mask, precision='highest'),
+      'xla': attention.fused_linear_attention(q, k, v, omega, implementation='xla', **hi),
+      'pallas': attention.fused_linear_attention(q, k, v, omega, implementation='pallas', **hi),
+  }
+  for path, out in bidirectional_paths.items():
+    np.testing.assert_allclose(out, bidirectional_paths['xla'], rtol=2e-5, atol=2e-6,
+                               err_msg=path)
+  causal_paths = {
+      'chunked features': attention.causal_linear_attention(qf, kf, v, mask, chunk_size=8,
+                                                            precision='highest'),
+      'materialised': attention.materialized_causal_linear_attention(qf, kf, v, mask,
+                                                                     precision='highest'),
+      'xla': attention.fused_causal_linear_attention(q, k, v, omega, implementation='xla', **hi),
+      'pallas': attention.fused_causal_linear_attention(q, k, v, omega, implementation='pallas',
+                                                        **hi),
+  }
+  for path, out in causal_paths.items():
+    np.testing.assert_allclose(_real(out, mask), _real(causal_paths['xla'], mask), rtol=2e-5,
+                               atol=2e-6, err_msg=path)

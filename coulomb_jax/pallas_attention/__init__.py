@@ -17,14 +17,20 @@ stored features and ``causal_linear_attention``), so gradients (and training cos
 are the reference path's and the kernels serve the forward passes of inference
 and evaluation.
 
-Written against the Triton backend of ``jax.experimental.pallas``. On a CPU
-(tests) the kernels run in Pallas interpret mode, with float32 dots.
+Written against the Triton backend of ``jax.experimental.pallas``. ``interpret=None``
+(the default) is decided by the platform the program is lowered for, not the host
+(``jax.lax.platform_dependent``): the compiled kernels for cuda, Pallas interpret mode
+(float32 dots) for cpu, and for tpu a ValueError naming the call and the map (these are
+Triton kernels; there is no Mosaic TPU kernel: ``attention``'s ``'auto'`` takes XLA
+there). Compiled, every matrix side (head dims, blocks, chunk) must be a power of two
+≥ 16; other sizes are refused with a ValueError naming the value before lowering
+(``core.triton_problem``). ``precision`` reaches every product, kernels included.
 
 Layout: this package is the public module; it re-exports the names above from
 ``bidirectional`` (the key and query kernels, ``use_by_default``, ``shape_supported``) and ``causal``
 (the chunked kernel), and both build on ``core``: the feature maps, the float32
-dots, the input plumbing, the checked block sizes, the interpret default and the
-kernels-forward / XLA-backward wrapper.
+dots, the input plumbing, the checked block sizes and Triton shape rules, the
+interpret decision by platform and the kernels-forward / XLA-backward wrapper.
 """
 
 from coulomb_jax.pallas_attention.bidirectional import (pallas_linear_attention, shape_supported,

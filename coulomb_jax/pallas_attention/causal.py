@@ -8,6 +8,7 @@ row's max (they cancel). Under differentiation the XLA path (``_causal_reference
 stored features, ``attention_core.causal_linear_attention``) runs instead.
 """
 
+import contextlib
 import functools
 import math
 from typing import Optional
@@ -104,11 +105,15 @@ def _causal_reference(q, k, v, omega, key_mask, *, name, eps, precision=None):
 
   The features are ``features.attention_pair``'s (per key feature over all real
   keys, and per query row: factors common to a query's row, which cancel as the
-  kernel's prefix maxima do). ``precision``: of ``causal_linear_attention``'s products
-  (the features are ``features.attention_pair``'s, at the backend's default).
+  kernel's prefix maxima do). ``precision``: of every product, the features' included
+  (``features.attention_pair`` takes none: it is traced under
+  ``jax.default_matmul_precision``).
   """
   pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, name, key_mask)
-  qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
+  with contextlib.ExitStack() as stack:
+    if precision is not None:
+      stack.enter_context(jax.default_matmul_precision(precision.name.lower()))
+    qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
   return attention_core.causal_linear_attention(qf, kf, v, key_mask, eps=eps,
                                                 precision=precision)
 
