@@ -17,10 +17,8 @@ parameter gets ``optax.set_to_zero`` and stays bit-identical.
 **The softmax target** (``phase_a.target = 'softmax'``): the same dynamics on
 Σ_{l,h} [CE_{l,h}(Ω_{l,h}) + λ W_s(Ω_{l,h})], CE the cross-entropy between softmax
 attention and the head's linear attention on its own queries and keys of the batch's
-real tokens (``phase_a_mimicry_objective``, ``make_phase_a_mimicry_step``; sown as
-``mimicry_inputs``). Labels are not used; its held-out statistic is the attention KL
-(``heldout_attention_kl``) and its potential the first variation of CE
-(``phase_a_mimicry_potentials``).
+real tokens, in ``coulomb_jax.phase_a_mimicry`` (its objective, step, forces,
+held-out attention KL and potentials).
 
 **Phase B** freezes the particles (``set_to_zero``) and trains the rest with
 AdamW under a linear warm-up + cosine schedule on the weighted cross-entropy.
@@ -53,12 +51,9 @@ from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import langevin_diagnostics
-from coulomb_jax import mimicry
-from coulomb_jax import repulsion
 
 PARTICLES = 'particles'
 PHASE_A_INPUTS = 'phase_a_inputs'
-MIMICRY_INPUTS = 'mimicry_inputs'
 PHASE_A_TARGETS = ('labels', 'softmax')
 """What Phase A moves the particles towards (``config.phase_a.target``): the labels
 (``phase_a_objective``) or softmax attention (``phase_a_mimicry_objective``)."""
@@ -133,14 +128,14 @@ def phase_b_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: i
   return optax.partition({PARTICLES: optax.set_to_zero(), 'rest': rest}, partition_labels)
 
 
-def _forward(model: nn.Module, params, batch, **kwargs):
+def forward(model: nn.Module, params, batch, **kwargs):
   return model.apply({'params': params}, batch['ids'], batch['segments'], batch['mask'],
                      **kwargs)
 
 
 def phase_a_inputs(model: nn.Module, params, batch) -> Dict[Tuple[str, ...], jax.Array]:
   """``{path of the attention module: r [B, H, D_h]}`` for one batch (no gradient)."""
-  _, state = _forward(model, params, batch, deterministic=True, mutable=['intermediates'])
+  _, state = forward(model, params, batch, deterministic=True, mutable=['intermediates'])
   flat = traverse_util.flatten_dict(state.get('intermediates', {}))
   return {k[:-1]: jax.lax.stop_gradient(v[0]) for k, v in flat.items()
           if k[-1] == PHASE_A_INPUTS}
@@ -302,209 +297,6 @@ def heldout_alignment(params, inputs, labels, *, feature_map,
           for path, omega in particle_leaves(params, only).items()}
 
 
-# ----------------------------------------------------------------------------- softmax target
-
-def mimicry_inputs(model: nn.Module, params, batch) -> Dict[Tuple[str, ...], Tuple[Any, Any]]:
-  """``{path of the attention module: (q, k)}``, each ``[B, L, H, D_h]`` (unscaled; no gradient)."""
-  _, state = _forward(model, params, batch, deterministic=True, mutable=['intermediates'])
-  flat = traverse_util.flatten_dict(state.get('intermediates', {}))
-  return {k[:-1]: jax.tree.map(jax.lax.stop_gradient, tuple(v[0])) for k, v in flat.items()
-          if k[-1] == MIMICRY_INPUTS}
-
-
-def token_mask(batch) -> jax.Array:
-  """``[B, L]`` bool: the real tokens of the real rows (``mask`` and ``weights > 0``)."""
-  return jnp.logical_and(jnp.asarray(batch['mask'], bool),
-                         (jnp.asarray(batch['weights']) > 0)[:, None])
-
-
-def _query_mean(fn, omega, q, k, mask, feature_map):
-  """(1/n) Σ_{b, i real} fn_i(q_b; k_b) for one head: ``q, k: [B, L, D]``, ``mask: [B, L]``.
-
-  ``fn``: ``mimicry.attention_cross_entropy`` or ``attention_kl``, with ``mask`` as
-  both key and query mask (the mean over the n real query rows of all rows); padded
-  queries are zeroed first, so that no value of theirs reaches the gradient.
-  """
-  q = jnp.where(mask[..., None], q, 0.0)
-  return fn(q, k, omega, feature_map, mask, mask)
-
-
-def _per_head(fn, omega, qk, mask, feature_map):
-  """``[H]``: ``_query_mean`` of every head; ``omega: [H, M, D_h]``, ``qk``: ``[B, L, H, D_h]`` each."""
-  q, k = (jnp.asarray(x, jnp.float32) for x in qk)
-  return jax.vmap(lambda w, qh, kh: _query_mean(fn, w, qh, kh, mask, feature_map),
-                  in_axes=(0, 2, 2))(omega, q, k)
-
-
-def phase_a_mimicry_objective(params, inputs, mask, *, feature_map, lam: float, s,
-                              softening: float):
-  r"""(H, {"cross_entropy": Σ CE, "repulsion": Σ W}) summed over layers and heads.
-
-  The softmax target of Phase A (``phase_a.target = 'softmax'``; Hedgehog's loss):
-
-  .. math::
-     H(Ω) = \sum_{l,h} \big[ CE_{l,h}(Ω_{l,h}) + λ\,W_s(Ω_{l,h}) \big],\quad
-     CE_{l,h} = \frac{1}{n} \sum_{b,\,i\ real} −\sum_{j\ real}
-       A^{soft}_{b,ij} \log A^{lin}_{b,ij}
-
-  with A^soft = softmax_j(q_iᵀk_j/√D_h) and A^lin the linear attention of the head's
-  particles on q̃ = D_h^{−1/4} q, k̃ = D_h^{−1/4} k (``mimicry.attention_cross_entropy``),
-  q, k the head's own queries and keys of row b (``inputs[path]``: ``([B, L, H, D_h],
-  [B, L, H, D_h])``, ``mimicry_inputs``), n = Σ mask the real query tokens, and keys
-  j over the row's real tokens. ``mask: [B, L]`` bool (``token_mask``): padded tokens
-  and rows change neither H nor its gradient. Labels are not used.
-  """
-  flat = traverse_util.flatten_dict(params)
-  mask = jnp.asarray(mask, bool)
-  total = ce = repel = 0.0
-  for path, qk in inputs.items():
-    omega = flat[path + (PARTICLES,)]                      # [H, M, D_h]
-    c = jnp.sum(_per_head(mimicry.attention_cross_entropy, omega, qk, mask, feature_map))
-    w = jnp.sum(jax.vmap(lambda o: repulsion.riesz_energy(o, s, softening))(omega))
-    total, ce, repel = total + c + lam * w, ce + c, repel + w
-  return total, {'cross_entropy': ce, 'repulsion': repel}
-
-
-def _mimicry_grads(params, inputs, mask, kw):
-  """(H, aux, ∇CE, ∇W): the two gradients as full parameter trees, ∇H = ∇CE + λ∇W."""
-  def data_term(p):
-    h, aux = phase_a_mimicry_objective(p, inputs, mask, **kw)
-    return aux['cross_entropy'], (h, aux)
-
-  (_, (h, aux)), g_ce = jax.value_and_grad(data_term, has_aux=True)(params)
-  g_w = jax.grad(lambda p: phase_a_mimicry_objective(p, inputs, mask, **kw)[1]['repulsion'])(
-      params)
-  return h, aux, g_ce, g_w
-
-
-def phase_a_mimicry_forces(params, inputs, mask, *, feature_map, lam: float, s,
-                           softening: float, only: Optional[Sequence[str]] = None
-                           ) -> Dict[str, Any]:
-  """``{'hamiltonian': ∇H, 'cross_entropy': ∇CE, 'repulsion': ∇W}`` of the particles.
-
-  As ``phase_a_forces`` for ``phase_a_mimicry_objective`` (∇H = ∇CE + λ∇W), each a
-  ``{path: [H, M, D_h]}`` dict over the modules that move (``only``: one).
-  """
-  kw = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
-  _, _, g_ce, g_w = _mimicry_grads(params, inputs, mask, kw)
-  ce, w = particle_leaves(g_ce, only), particle_leaves(g_w, only)
-  return {'hamiltonian': {p: ce[p] + lam * w[p] for p in ce}, 'cross_entropy': ce,
-          'repulsion': w}
-
-
-def make_phase_a_mimicry_step(model: nn.Module, optimizer: optax.GradientTransformation, *,
-                              feature_map, lam: float, s, softening: float,
-                              only: Optional[Sequence[str]] = None,
-                              langevin_settings: Optional[Dict[str, float]] = None
-                              ) -> Callable:
-  """``step(state, batch) -> (state, metrics)``: one Langevin move on the softmax target.
-
-  ``make_phase_a_step`` with ``phase_a_mimicry_objective`` on the batch's own
-  queries and keys (one encoder forward per step). ``only``: the path of one
-  attention module; only its term is computed (pass ``phase_a_optimizer(...,
-  only=path)``): the layer-wise stages, on the inputs of the layers below as they
-  are. Metrics: ``hamiltonian``, ``cross_entropy``, ``repulsion``, ``max_move`` and
-  with ``langevin_settings`` ``drift_to_noise`` and ``repulsion_to_alignment``
-  (λ‖∇W‖/‖∇CE‖) ``[P]``.
-  """
-  kw = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
-  only = None if only is None else tuple(only)
-
-  def step(state: TrainState, batch):
-    inputs = mimicry_inputs(model, state.params, batch)
-    if only is not None:
-      inputs = {only: inputs[only]}
-    h, aux, g_ce, g_w = _mimicry_grads(state.params, inputs, token_mask(batch), kw)
-    grads = jax.tree.map(lambda a, b: a + lam * b, g_ce, g_w)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    moves = [jnp.max(jnp.linalg.norm(u, axis=-1)) for u in particle_leaves(updates, only).values()]
-    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)))
-    if langevin_settings is not None:
-      ls = langevin_settings
-      metrics.update(drift_to_noise=langevin_diagnostics.drift_to_noise(
-          particle_leaves(grads, only), step_size=ls['step_size'], beta=ls['beta'],
-          clip_norm=ls.get('clip_norm')), repulsion_to_alignment=langevin_diagnostics.force_ratio(
-              particle_leaves(g_w, only), particle_leaves(g_ce, only), lam))
-    return TrainState(state.step + 1, params, opt_state), metrics
-
-  return step
-
-
-def heldout_attention_kl(params, inputs, mask, *, feature_map,
-                         only: Optional[Sequence[str]] = None) -> Dict[Tuple[str, ...], Any]:
-  """``{path: [H]}``: each head's attention KL(softmax ‖ linear) on held-out rows.
-
-  Per head, the mean over the real query tokens (``mask: [B, L]``) of
-  Σ_j A^soft_ij (log A^soft_ij − log A^lin_ij) (``mimicry.attention_kl``) on the
-  rows' queries and keys ``inputs[path]`` (``mimicry_inputs``). Average batches
-  with weights Σ mask.
-  """
-  mask = jnp.asarray(mask, bool)
-  return {path: _per_head(mimicry.attention_kl, omega, inputs[path], mask, feature_map)
-          for path, omega in particle_leaves(params, only).items()}
-
-
-def _log_kernel(qh, kh, omega, feature_map):
-  """log κ_ω(q̃_i, k̃_j) ``[M, ..., L, L]`` of each particle alone (its one-particle map)."""
-  scale = qh.shape[-1] ** -0.25
-  one = lambda w: features.log_features(qh * scale, w[None], feature_map)   # [..., L, F1]
-  lq, lk = jax.vmap(one)(omega), jax.vmap(
-      lambda w: features.log_features(kh * scale, w[None], feature_map))(omega)
-  return jax.nn.logsumexp(lq[..., :, None, :] + lk[..., None, :, :], axis=-1)
-
-
-def _head_potentials(probes, omega, qh, kh, mask, feature_map):
-  """``[P]``: the first variation U(ω) at the probes, for one head (``phase_a_mimicry_potentials``)."""
-  qh = jnp.where(mask[..., None], qh, 0.0)
-  kh = jnp.where(mask[..., None], kh, 0.0)
-  pair = jnp.logical_and(mask[:, :, None], mask[:, None, :])               # [B, L, L]
-  log_k = jax.nn.logsumexp(_log_kernel(qh, kh, omega, feature_map), axis=0) - jnp.log(
-      omega.shape[0])
-  log_row = lambda x: jax.nn.log_softmax(jnp.where(pair, x, -jnp.inf), axis=-1)
-  logits = jnp.einsum('bid,bjd->bij', qh, kh) / jnp.sqrt(qh.shape[-1])
-  diff = jnp.where(pair, jnp.exp(log_row(logits)) - jnp.exp(log_row(log_k)), 0.0)
-  n = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
-
-  def one(w):
-    ratio = jnp.exp(jnp.where(pair, _log_kernel(qh, kh, w[None], feature_map)[0] - log_k, 0.0))
-    return -jnp.sum(jnp.where(pair, diff * ratio, 0.0)) / n
-
-  return jax.lax.map(one, probes, batch_size=64)
-
-
-def phase_a_mimicry_potentials(key: jax.Array, params, inputs, mask, *, feature_map,
-                               radius: float, num_probes: int,
-                               only: Optional[Sequence[str]] = None
-                               ) -> Dict[Tuple[str, ...], Any]:
-  r"""``{path: [H, M + num_probes]}``: each head's data potential U at ball probes.
-
-  U(ω) = δCE/δρ(ω), the first variation of the head's CE at its particles Ω
-  (ρ = the particles' empirical measure, K̄ = mean_k κ_{ω_k}):
-
-  .. math::
-     U(ω) = −\frac{1}{n}\sum_{b,\,i\ real}\sum_{j\ real}
-        (A^{soft}_{b,ij} − A^{lin}_{b,ij})\,\frac{κ_ω(q̃_{bi}, k̃_{bj})}{K̄(q̃_{bi}, k̃_{bj})}
-
-  so that ∇U(ω_k) = M·∇_{ω_k} CE, as V_D of ``hamiltonian.particle_potentials`` is
-  for the labels (exact for separable maps; for ``softmaxfeat`` κ_ω is the
-  one-particle map's kernel, a proxy). Probes: ``langevin_diagnostics.ball_probes``
-  with ``fold_in(key, i)``, i the module's place in path order (as
-  ``phase_a_potential_range``). U is a mean over the real queries: average batches
-  with weights Σ mask, then take ``langevin_diagnostics.potential_range``. Costs
-  ``[64, B, L, L]`` memory and (M + num_probes)·B·L² kernel evaluations per head.
-  """
-  mask = jnp.asarray(mask, bool)
-  out = {}
-  for i, (path, omega) in enumerate(sorted(particle_leaves(params, only).items())):
-    probes = langevin_diagnostics.ball_probes(jax.random.fold_in(key, i), omega, radius,
-                                              num_probes)
-    q, k = (jnp.asarray(x, jnp.float32) for x in inputs[path])
-    out[path] = jax.vmap(lambda p, w, qh, kh: _head_potentials(p, w, qh, kh, mask, feature_map),
-                         in_axes=(0, 0, 2, 2))(probes, jnp.asarray(omega, jnp.float32), q, k)
-  return out
-
-
 class Stage(NamedTuple):
   """One phase of a training schedule (``phase_schedule``).
 
@@ -590,7 +382,7 @@ def make_phase_b_step(model: nn.Module, optimizer: optax.GradientTransformation)
     dropout_key = jax.random.fold_in(key, state.step)
 
     def loss_fn(params):
-      logits = _forward(model, params, batch, deterministic=False,
+      logits = forward(model, params, batch, deterministic=False,
                         rngs={'dropout': dropout_key})
       return cross_entropy(logits, batch['labels'], batch['weights']), logits
 
@@ -609,7 +401,7 @@ def make_predict(model: nn.Module) -> Callable:
   """``predict(params, batch) -> [B]`` probability of class 1 (no dropout)."""
 
   def predict(params, batch):
-    logits = _forward(model, params, batch, deterministic=True)
+    logits = forward(model, params, batch, deterministic=True)
     return jax.nn.softmax(logits, axis=-1)[:, 1]
 
   return predict

@@ -68,8 +68,8 @@ _OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
 def pilot_config(vanilla_dir: str, feature_map: str, setting: dict,
                  phase_a_epochs: int = 0) -> ml_collections.ConfigDict:
   """The Kernel-X config whose Phase B prefix is ``vanilla_dir``'s, with ``setting``."""
-  with open(os.path.join(vanilla_dir, 'config.json')) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = ml_collections.ConfigDict(run_folder.with_added_fields(
+      run_folder.read_json(os.path.join(vanilla_dir, 'config.json'))))
   config.variant = f'kernel-{feature_map}'
   config.phase_a.enabled = True
   config.phase_a.null_run = False

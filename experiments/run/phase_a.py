@@ -20,13 +20,13 @@ A Kernel-X Phase A stage also measures whether its particles learn, into
   noise-only projected walk of the same length, and the fraction of particles
   strictly inside the ball (not pinned to its sphere).
 
-``phase_a.target = 'softmax'`` (``training.phase_a_mimicry_objective``): the same
+``phase_a.target = 'softmax'`` (``phase_a_mimicry.phase_a_mimicry_objective``): the same
 dynamics, schedules and diagnostics on each layer's softmax-mimicry Hamiltonian of
 its own queries and keys (one encoder forward per step, in the layer-wise stages
 too: nothing is cached). Then the data force is ∇CE (``repulsion_to_alignment`` is
 λ‖∇W‖/‖∇CE‖), ΔU is the range of the first variation of CE
-(``training.phase_a_mimicry_potentials``), the held-out statistic is the attention
-KL(softmax ‖ linear) (``training.heldout_attention_kl``, ``heldout_kl``) on the
+(``phase_a_mimicry.phase_a_mimicry_potentials``), the held-out statistic is the attention
+KL(softmax ‖ linear) (``phase_a_mimicry.heldout_attention_kl``, ``heldout_kl``) on the
 held-out rows' tokens, and there is no shuffled-label null (the target uses no
 labels); the stage summary says so under ``null_run``.
 """
@@ -44,9 +44,10 @@ from absl import logging
 
 from coulomb_jax import data
 from coulomb_jax import langevin_diagnostics as ld
+from coulomb_jax import phase_a_mimicry
 from coulomb_jax import training
-from experiments.common import provenance
 from experiments.run import evaluation
+from experiments.run import run_folder
 from experiments.run import stages
 from experiments.run.stages import f32, i32
 
@@ -127,12 +128,12 @@ def _token_mean(run, rows, fn, params):
 
 def _mimicry_fn(run, paths, statistic):
   """Jitted ``(params, batch) -> (statistic(params, inputs, mask), Σ mask)`` on the queries
-  and keys of ``paths`` (``training.mimicry_inputs``; the layers above are not computed)."""
+  and keys of ``paths`` (``phase_a_mimicry.mimicry_inputs``; the layers above are not computed)."""
   paths = [tuple(p) for p in paths]
 
   def fn(params, batch):
-    inputs = training.mimicry_inputs(run.model, params, batch)
-    mask = training.token_mask(batch)
+    inputs = phase_a_mimicry.mimicry_inputs(run.model, params, batch)
+    mask = phase_a_mimicry.token_mask(batch)
     return statistic(params, {p: inputs[p] for p in paths}, mask), jnp.sum(mask)
 
   return jax.jit(fn)
@@ -146,8 +147,8 @@ def _calibrate_softmax(run, stage, params, rows) -> dict:
   probe_key = jax.random.fold_in(stage_key(run, stage), _PROBE_KEY)
 
   def statistic(p, inputs, mask):
-    forces = training.phase_a_mimicry_forces(p, inputs, mask, only=only, **kw)
-    potentials = training.phase_a_mimicry_potentials(
+    forces = phase_a_mimicry.phase_a_mimicry_forces(p, inputs, mask, only=only, **kw)
+    potentials = phase_a_mimicry.phase_a_mimicry_potentials(
         probe_key, p, inputs, mask, feature_map=fm, radius=a.radius, num_probes=NUM_PROBES,
         only=only)
     return {k: forces[k] for k in ('cross_entropy', 'repulsion')}, potentials
@@ -232,7 +233,7 @@ def _heldout_kl_fn(run, stage, rows):
   over the real query tokens of ``rows``."""
   only, fm = stages.only_path(run, stage), run.config.model.feature_map
   fn = _mimicry_fn(run, stages.stage_paths(run, stage), lambda p, inputs, mask: (
-      training.heldout_attention_kl(p, inputs, mask, feature_map=fm, only=only)))
+      phase_a_mimicry.heldout_attention_kl(p, inputs, mask, feature_map=fm, only=only)))
 
   def heldout(params):
     out = _token_mean(run, rows, fn, params)
@@ -277,7 +278,7 @@ def _calibrated_step(run, index, stage, what):
   objective = _objective(config, cal['lam'])
   diag = dict(step_size=cal['step_size'], beta=cal['beta'], clip_norm=a.clip_norm)
   if _softmax(config):      # Token batches for one layer too: q and k are not cached.
-    step_fn = jax.jit(training.make_phase_a_mimicry_step(
+    step_fn = jax.jit(phase_a_mimicry.make_phase_a_mimicry_step(
         run.model, opt, only=only, langevin_settings=diag, **objective))
     table = None
   elif stage.layer is None:
@@ -438,15 +439,13 @@ def _null_run(run, stage, step_fn, opt, table, steps):
 
 
 def _write_stage_summary(run, index, summary):
+  """Adds stage ``index``'s summary to the run folder's ``phase_a_stages.json`` (process 0)."""
   if not run.chief:
     return
-  path = os.path.join(run.workdir, STAGES_FILE)
-  stages = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      stages = json.load(f)
+  stages = (run_folder.read_json(run.folder.file(STAGES_FILE))
+            if run.folder.exists(STAGES_FILE) else {})
   stages[str(index)] = summary
-  provenance.write_json_atomic(path, stages, indent=1)
+  run.folder.write_json(STAGES_FILE, stages)
 
 
 def phase_a_report(workdir: str) -> Optional[dict]:
@@ -461,8 +460,7 @@ def phase_a_report(workdir: str) -> Optional[dict]:
   path = os.path.join(workdir, STAGES_FILE)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    stages = [s for _, s in sorted(json.load(f).items(), key=lambda kv: int(kv[0]))]
+  stages = [s for _, s in sorted(run_folder.read_json(path).items(), key=lambda kv: int(kv[0]))]
   hist = {k: ld.LogHistogram(counts=np.sum([s['histograms'][k] for s in stages], axis=0))
           for k in ('drift_to_noise', 'repulsion_to_alignment')}
   which = [k for k in ('initial', 'ball', 'learned', 'null') if k in stages[0]['heldout']]
