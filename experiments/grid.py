@@ -10,7 +10,10 @@ or ``python path/to/experiments/grid.py ...`` from any folder (each run is
 Each run goes to ``<workdir>/<dataset>/<variant>/seed<s>`` with its own log.
 Finished runs (``results.json`` present) are skipped and interrupted ones
 resume from their checkpoint, so the same command continues a grid in a later
-session. Arguments after ``--`` are passed to every run (config overrides); one
+session. A finished folder must hold the run asked for: its ``results.json``'s
+config digest (or, before digests, its ``config.json``) is compared with the
+config the grid would run, and a folder of another variant's or config's run is
+refused in one line naming what differs (``check_finished``). Arguments after ``--`` are passed to every run (config overrides); one
 written ``<dataset>:--config.x=y`` only to that dataset's runs, e.g.
 ``sst2:--config.data.validation_rule=sentences``.
 ``experiments/report.py`` turns the results into tables.
@@ -52,10 +55,13 @@ def run_dir(workdir, dataset, variant, seed):
   return os.path.join(workdir, dataset, variant, f'seed{seed}')
 
 
-def plan(datasets, variants, seeds, workdir):
+def plan(datasets, variants, seeds, workdir, expected=None):
   """``[(dataset, variant, seed, run_dir)]`` of the runs without ``results.json``, in order.
 
   Repeated names are dropped (two processes must never share a run folder).
+  ``expected(dataset, variant, seed, run_dir)``: the config that run would have; a
+  finished folder must hold that config's run (``check_finished``), else one
+  ``cli.ConfigError``. Without it, any ``results.json`` counts as done.
   """
   runs = []
   unique = lambda names: list(dict.fromkeys(names))
@@ -64,10 +70,23 @@ def plan(datasets, variants, seeds, workdir):
       for variant in unique(variants):
         out = run_dir(workdir, dataset, variant, seed)
         if os.path.exists(os.path.join(out, 'results.json')):
+          if expected is not None:
+            check_finished(out, expected(dataset, variant, seed, out))
           logging.info('done already: %s', out)
         else:
           runs.append((dataset, variant, seed, out))
   return runs
+
+
+def check_finished(out, config) -> None:
+  """One ``cli.ConfigError`` naming the folder and what differs if ``<out>/results.json``
+  is not a finished run of ``config`` (``run_identity.finished_run_difference``: its
+  config digest, else its config.json)."""
+  from experiments.run import run_identity  # pylint: disable=g-import-not-at-top
+  what = run_identity.finished_run_difference(out, config)
+  if what is not None:
+    raise cli.ConfigError(f'{out}: holds a finished run of another config ({what}), not '
+                          'the run this grid asks for; move it away or use another --workdir.')
 
 
 def overrides_for(overrides, dataset):
@@ -180,41 +199,56 @@ def check_flags(fv) -> tuple:
   return variants, seeds
 
 
-def check_overrides(datasets, variants, overrides) -> None:
-  """Loads every run's config with its ``--config.`` overrides and checks it
-  (``train_config.check_config``) before any run starts: one ``cli.ConfigError`` naming the
-  dataset, variant and mistake (a misspelled field, a wrong type, a bad value)."""
+def load_config(dataset, variant, args):
+  """The run config of ``dataset`` and ``variant`` with the ``--config.`` arguments
+  ``args`` (as ``experiments/train.py`` would load it); one ``cli.ConfigError`` naming the
+  dataset, variant and mistake (a misspelled field, a wrong type)."""
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  argv = ['grid', f'--config={os.path.join(REPO_ROOT, DATASETS[dataset])}:{variant}',
+          *[a for a in args if a.startswith('--config.')]]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, 'A run config.', lock_config=True,
+                                  flag_values=fv, sys_argv=argv)
+  try:
+    fv(argv)
+    config = fv.config
+    config.keys()
+  except (flags.Error, KeyError, AttributeError, OSError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'{dataset} {variant}: {cli.one_line(e, argv)}') from None
+  return config
+
+
+def check_overrides(datasets, variants, overrides) -> None:
+  """Loads every run's config with its ``--config.`` overrides (``load_config``) and checks
+  it (``train_config.check_config``) before any run starts: one ``cli.ConfigError`` naming
+  the dataset, variant and mistake (a misspelled field, a wrong type, a bad value)."""
   from experiments.run import train_config  # pylint: disable=g-import-not-at-top
   for dataset in datasets:
-    args = [a for a in overrides_for(overrides, dataset) if a.startswith('--config.')]
     for variant in variants:
-      argv = ['grid', f'--config={os.path.join(REPO_ROOT, DATASETS[dataset])}:{variant}', *args]
-      fv = flags.FlagValues()
-      config_flags.DEFINE_config_file('config', None, 'A run config.', lock_config=True,
-                                      flag_values=fv, sys_argv=argv)
-      try:
-        fv(argv)
-        config = fv.config
-        config.keys()
-      except (flags.Error, KeyError, AttributeError, OSError, TypeError, ValueError) as e:
-        raise cli.ConfigError(f'{dataset} {variant}: {cli.one_line(e, argv)}') from None
+      config = load_config(dataset, variant, overrides_for(overrides, dataset))
       try:
         train_config.check_config(config)
       except ValueError as e:
         raise cli.ConfigError(f'{dataset} {variant}: {e}') from None
 
 
+def run_args(fv, overrides, dataset, variant, seed, out) -> list:
+  """The arguments of one run's ``experiments/train.py`` command, after the program."""
+  return ([f'--config={os.path.join(REPO_ROOT, DATASETS[dataset])}:{variant}',
+           f'--workdir={out}', f'--config.seed={seed}'] + overrides_for(overrides, dataset)
+          + prefix_override(fv.prefix_root, dataset, variant, seed, out))
+
+
 def commands(fv, overrides) -> list:
   """``[(run_dir, command)]`` of the runs still to do (``plan``); every flag and run
-  config checked first."""
+  config checked first, and every finished folder against the config it would run."""
   variants, seeds = check_flags(fv)
   check_overrides(fv.dataset, variants, overrides)
-  return [(out, [sys.executable, TRAIN,
-                 f'--config={os.path.join(REPO_ROOT, DATASETS[dataset])}:{variant}',
-                 f'--workdir={out}', f'--config.seed={seed}'] + overrides_for(overrides, dataset)
-           + prefix_override(fv.prefix_root, dataset, variant, seed, out))
-          for dataset, variant, seed, out in plan(fv.dataset, variants, seeds, fv.workdir)]
+  expected = lambda dataset, variant, seed, out: load_config(
+      dataset, variant, run_args(fv, overrides, dataset, variant, seed, out))
+  return [(out, [sys.executable, TRAIN] + run_args(fv, overrides, dataset, variant, seed, out))
+          for dataset, variant, seed, out in plan(fv.dataset, variants, seeds, fv.workdir,
+                                                   expected)]
 
 
 def main(argv, flag_values=None):

@@ -29,8 +29,8 @@ the code:
 4. Phase B: AdamW on everything else, particles frozen; the epoch with the best
    validation accuracy (ties: lower log loss) is kept;
 5. writes ``results.json``: validation and test metrics of the kept parameters,
-   the time of each phase, the data folder and fingerprint, the command, commit
-   and machine; TensorBoard scalars (flushed at every log line) and hparams go to
+   the time of each phase, the data folder and fingerprint, the config's digest
+   (``config_sha256``, ``run_identity``), the command, commit and machine; TensorBoard scalars (flushed at every log line) and hparams go to
    ``<workdir>/tensorboard``.
 
 Batches are sharded over all devices along a ``data`` mesh axis (parameters
@@ -42,7 +42,9 @@ checkpoints (every ``run.checkpoint_every`` steps and every epoch end; the last
 two kept) make a killed run resume where it stopped, with the same result as an
 uninterrupted one, on any number of processes; an unreadable latest checkpoint
 is reported in one line and the previous one used; resuming with a different
-config is refused.
+config, or from a checkpoint or ``phase_a_stages.json`` written by a run of
+another config (each carries the config's digest), is refused, and so is a
+checkpoint holding a non-finite parameter, before any step.
 """
 # (The docstring is --help's text.) This module is the entry point and the run's
 # assembly: data, model, optimisers, stages, results. The pieces live in experiments/run/:
@@ -80,6 +82,7 @@ from experiments.run import evaluation
 from experiments.run import phase_a
 from experiments.run import phase_b
 from experiments.run import run_folder
+from experiments.run import run_identity
 from experiments.run import sharding
 from experiments.run import stages
 from experiments.run import train_config
@@ -274,7 +277,8 @@ def setup_run(config: ml_collections.ConfigDict, folder: run_folder.RunFolder, m
   opt_b = training.phase_b_optimizer(
       learning_rate=b.learning_rate, warmup_steps=int(b.warmup_fraction * spe_b * b.num_epochs),
       total_steps=spe_b * b.num_epochs, weight_decay=b.weight_decay, clip_norm=b.clip_norm)
-  target = checkpoints.initial_state(params, opt_b, len(ld.LogHistogram().counts), fingerprint)
+  target = checkpoints.initial_state(params, opt_b, len(ld.LogHistogram().counts), fingerprint,
+                                     config_digest=run_identity.digest_of(config))
   ckpt = _restore(config, folder, target, sharder, len(stage_list))
   chief = jax.process_index() == 0
   kind = run_kind(config, params)
@@ -303,8 +307,9 @@ def _finish(run, meta, sessions) -> dict:
   """Evaluates the kept parameters; writes ``results.json`` and the test predictions."""
   ck, config = run.ckpt, run.config
   best = ck['best_params']
+  digest = run_identity.digest_of(config)
   results = dict(meta, dataset=config.data.task, variant=config.variant, seed=config.seed,
-                 config=config.to_dict(),
+                 config=config.to_dict(), config_sha256=digest,
                  split={'validation': 'validation', 'test': 'test'},
                  schedule=[s._asdict() for s in run.stages],
                  selected_from_epoch=run.select_from,
@@ -323,6 +328,7 @@ def _finish(run, meta, sessions) -> dict:
   prefix = run.folder.prefix_record()
   if prefix is not None:
     results['prefix'] = prefix   # Where the Phase B prefix was trained, and when.
+  run.folder.check_stages(digest)      # Copied in since preflight: refused, not reported.
   phase_a_summary = phase_a.phase_a_report(run.workdir) if run.kind == 'kernel' else None
   if phase_a_summary is not None:
     results['phase_a'] = phase_a_summary

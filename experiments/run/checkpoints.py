@@ -2,11 +2,16 @@ r"""A run's checkpoints (orbax): saved, restored with a fallback, and the Phase 
 
 ``<workdir>/checkpoints`` holds the last two steps of the run's state
 (``initial_state``: the stage and step within it, parameters, both optimisers'
-states, the best epoch so far, timers, Phase A histograms, and ``data_sha256``, the
-digest of the run's data fingerprint); a step's number is ``step_a + step_b + stage``.
+states, the best epoch so far, timers, Phase A histograms, ``data_sha256``, the
+digest of the run's data fingerprint, and ``config_sha256``, the digest of its config,
+``run_identity.config_digest``); a step's number is ``step_a + step_b + stage``.
 ``restore`` takes the newest readable one: an unreadable one is reported in one
 warning line, moved to ``<workdir>/checkpoints_unreadable`` and the one before it
-used; one written from other data (its ``data_sha256`` differs) is refused.
+used; one written from other data (its ``data_sha256`` differs) or by a run of
+another config (its ``config_sha256``) is refused, and so is one holding a
+non-finite parameter (``check_finite``), before any step. A checkpoint written
+before config digests has no ``config_sha256``: it is restored without it, and the
+folder's ``config.json`` vouches for it instead.
 
 ``<workdir>/prefix`` is the state at the end of the Phase B epochs before the
 first Phase A stage (``save_prefix``); a run with ``run.prefix_from`` starts from
@@ -37,6 +42,8 @@ CHECKPOINTS = 'checkpoints'
 # Unreadable checkpoints are moved here (not deleted) when an older one is used instead.
 UNREADABLE = 'checkpoints_unreadable'
 PREFIX = 'prefix'
+# The leaf of the run's config digest (``run_identity.config_digest``), uint8[32].
+CONFIG_LEAF = 'config_sha256'
 
 
 def checkpoint_manager(workdir):
@@ -54,9 +61,28 @@ def data_digest(fingerprint: dict) -> np.ndarray:
   return np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8).copy()
 
 
-def initial_state(params, opt_b, num_bins, fingerprint: dict):
+def digest_leaf(digest: str) -> np.ndarray:
+  """uint8[32]: a sha256 given as 64 hex digits (``run_identity.config_digest``), as a
+  checkpoint leaf."""
+  return np.frombuffer(bytes.fromhex(digest), np.uint8).copy()
+
+
+def leaf_hex(leaf) -> str:
+  """The hex digits of a digest leaf (``data_digest``, ``digest_leaf``), restored or not."""
+  return _host(leaf).tobytes().hex()
+
+
+def _host(x):
+  """A leaf as a numpy array (a restored leaf is a global array, replicated, on several
+  processes)."""
+  return np.asarray(x.addressable_data(0) if isinstance(x, jax.Array) else x)
+
+
+def initial_state(params, opt_b, num_bins, fingerprint: dict, config_digest=None):
   """The checkpointed state of a run that has not started (see ``stages.Run``);
-  ``fingerprint``: the run's data fingerprint, kept in every checkpoint."""
+  ``fingerprint``: the run's data fingerprint, ``config_digest`` its config's
+  (``run_identity.config_digest``; None: no ``config_sha256`` leaf), kept in every
+  checkpoint."""
   f32, i32 = stages.f32, stages.i32
   counts = np.zeros(num_bins, np.int32)
   return {'stage': i32(0), 'stage_step': i32(0), 'params': params, 'stage_start': params,
@@ -66,7 +92,8 @@ def initial_state(params, opt_b, num_bins, fingerprint: dict):
           'best_params': params, 'best_accuracy': f32(-1.0), 'best_log_loss': f32(np.inf),
           'best_epoch': i32(-1), 'seconds_a': f32(0.0), 'seconds_b': f32(0.0),
           'stopped_early_a': i32(0), 'hist_drift': counts, 'hist_force': counts,
-          'data_sha256': data_digest(fingerprint)}
+          'data_sha256': data_digest(fingerprint),
+          **({CONFIG_LEAF: digest_leaf(config_digest)} if config_digest else {})}
 
 
 # Fields that only act from the first Phase A stage on: runs that differ in nothing
@@ -88,14 +115,60 @@ def prefix_fields(saved: dict) -> dict:
 
 def check_data(ckpt, target, where: str):
   """One ``cli.ConfigError`` if ``ckpt`` was written from other data than ``target``'s."""
-  def host(x):   # a restored leaf is a global array, replicated, on several processes
-    return np.asarray(x.addressable_data(0) if isinstance(x, jax.Array) else x)
-  saved, ours = (host(x['data_sha256']).tobytes().hex() for x in (ckpt, target))
+  saved, ours = (leaf_hex(x['data_sha256']) for x in (ckpt, target))
   if saved != ours:
     raise cli.ConfigError(
         f'{where}: written from other data (data fingerprint sha256 {saved[:12]}…, the data '
         f'and tokenizer now hash to {ours[:12]}…); use a new workdir or the data it was '
         'trained on.')
+
+
+def check_config(ckpt, target, where: str, legacy=None):
+  """``ckpt`` if it was written by the run of ``target``'s ``config_sha256``; one
+  ``cli.ConfigError`` naming both digests if by another config's.
+
+  A ``ckpt`` without the leaf (written before config digests) is taken as the run's
+  when ``legacy`` (``(path, digest)`` of the config.json that vouches for it) has
+  ``target``'s digest, and returned with the leaf added. Nothing is checked when
+  ``target`` has no ``config_sha256``.
+  """
+  if CONFIG_LEAF not in target:
+    return ckpt
+  ours = leaf_hex(target[CONFIG_LEAF])
+  if CONFIG_LEAF in ckpt:
+    saved = leaf_hex(ckpt[CONFIG_LEAF])
+    if saved != ours:
+      raise cli.ConfigError(
+          f'{where}: written by a run of another config (config sha256 {saved[:12]}…; this '
+          f'run\'s config hashes to {ours[:12]}…); use that run\'s workdir, or a new one for '
+          'this config.')
+    return ckpt
+  if legacy is not None and legacy[1] != ours:
+    raise cli.ConfigError(
+        f'{where}: written before config digests, and {legacy[0]} (config sha256 '
+        f'{legacy[1][:12]}…) is not this run\'s config ({ours[:12]}…); use a new workdir.')
+  logging.info('%s: written before config digests (no %s); %s vouches for it.', where,
+               CONFIG_LEAF, legacy[0] if legacy else 'the run folder\'s config.json')
+  return dict(ckpt, **{CONFIG_LEAF: target[CONFIG_LEAF]})
+
+
+def _without_config_leaf(abstract, keys):
+  """``abstract`` without ``config_sha256`` if the checkpoint's leaves ``keys`` lack it."""
+  if CONFIG_LEAF in abstract and keys is not None and CONFIG_LEAF not in keys:
+    return {k: v for k, v in abstract.items() if k != CONFIG_LEAF}
+  return abstract
+
+
+def _saved_keys(read_metadata):
+  """The top-level keys of a checkpoint's tree metadata (``read_metadata()``, orbax's), or
+  None if they cannot be read (the restore then says why)."""
+  try:
+    tree = read_metadata()
+  except Exception:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
+    return None
+  tree = getattr(tree, 'item_metadata', tree)
+  tree = getattr(tree, 'tree', tree)
+  return set(tree.keys()) if hasattr(tree, 'keys') else None
 
 
 def check_finite(ckpt, where: str, parts=('params', 'best_params', 'stage_start')):
@@ -129,8 +202,12 @@ def save(manager, ckpt, sharder=None):
   manager.wait_until_finished()
 
 
-def restore(manager, target, sharder=None):
+def restore(manager, target, sharder=None, legacy=None):
   """The newest readable checkpoint (``target`` if there is none yet), replicated.
+
+  It must be of ``target``'s data and config (``check_data``, ``check_config``; ``legacy``:
+  the ``(config.json path, digest)`` that vouches for a checkpoint written before config
+  digests) and finite (``check_finite``).
 
   An unreadable one is reported in one warning line and the one before it tried;
   the newer unreadable steps are then moved to ``<workdir>/checkpoints_unreadable``
@@ -149,7 +226,10 @@ def restore(manager, target, sharder=None):
   for step in steps:
     std_logging.getLogger('absl').addFilter(quiet)
     try:
-      ckpt = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+      keys = _saved_keys(lambda: ocp.StandardCheckpointer().metadata(  # pylint: disable=cell-var-from-loop
+          os.path.join(os.path.abspath(str(manager.directory)), str(step), 'default')))
+      ckpt = manager.restore(step, args=ocp.args.StandardRestore(
+          _without_config_leaf(abstract, keys)))
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
       reason = ' '.join(f'{type(e).__name__}: {e}'.split())
       failures.append(f'step {step}: {reason if len(reason) < 300 else reason[:297] + "..."}')
@@ -161,8 +241,10 @@ def restore(manager, target, sharder=None):
       logging.warning('unreadable checkpoint in %s (%s): resuming from step %d instead; the '
                       'unreadable one is moved to %s.', manager.directory, '; '.join(failures),
                       step, aside)
-    check_data(ckpt, target, f'checkpoint step {step} in {manager.directory}')
-    check_finite(ckpt, f'checkpoint step {step} in {manager.directory}')
+    where = f'checkpoint step {step} in {manager.directory}'
+    check_data(ckpt, target, where)
+    ckpt = check_config(ckpt, target, where, legacy)
+    check_finite(ckpt, where)
     return ckpt
   raise cli.ConfigError(
       f'{manager.directory}: no readable checkpoint ({"; ".join(failures)}); if they were '
@@ -223,18 +305,37 @@ def save_prefix(workdir, ckpt, sharder=None):
     checkpointer.wait_until_finished()
 
 
-def restore_prefix(source, target, sharder=None):
+def restore_prefix(source, target, sharder=None, source_digest=None):
   """``target`` restored from ``<source>/prefix`` (``source``: a ``run.prefix_from`` run
   folder), or None if that run has not saved it yet (``RunFolder.preflight`` has
-  compared its config and data). Its data digest and finiteness are checked."""
+  compared its config and data).
+
+  Its data digest and finiteness are checked, and its ``config_sha256`` must be
+  ``source_digest`` (the digest of ``source``'s config.json: the prefix is that run's;
+  none: written before config digests). It is returned with ``target``'s
+  ``config_sha256``: from here on the state is this run's.
+  """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   path = os.path.abspath(os.path.join(source, PREFIX))
   if not os.path.exists(path):
     return None
   abstract = (sharder or sharding.Sharder()).abstract(target)
-  restored = ocp.StandardCheckpointer().restore(path, abstract)
-  check_data(restored, target, f'config.run.prefix_from: {path}')
-  check_finite(restored, f'config.run.prefix_from: {path}')
+  checkpointer = ocp.StandardCheckpointer()
+  restored = checkpointer.restore(
+      path, _without_config_leaf(abstract, _saved_keys(lambda: checkpointer.metadata(path))))
+  where = f'config.run.prefix_from: {path}'
+  check_data(restored, target, where)
+  if CONFIG_LEAF in restored and source_digest is not None:
+    theirs = leaf_hex(restored[CONFIG_LEAF])
+    if theirs != source_digest:
+      raise cli.ConfigError(
+          f'{where}: written by a run of another config (config sha256 {theirs[:12]}…; the '
+          f'config.json of {source} hashes to {source_digest[:12]}…): that folder\'s prefix is '
+          'not its own run\'s; use another prefix_from.')
+  step_b = f' (Phase B step {int(_host(restored["step_b"]))})' if 'step_b' in restored else ''
+  check_finite(restored, where + step_b)
+  if CONFIG_LEAF in target:
+    restored = dict(restored, **{CONFIG_LEAF: target[CONFIG_LEAF]})
   return restored
 
 

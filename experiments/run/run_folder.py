@@ -3,8 +3,10 @@ r"""The run folder (``--workdir``): ``RunFolder`` owns its files, their checks a
 ``RunFolder(workdir)`` is the one object that names a file of a run folder (its
 docstring: the layout and the life of a run); ``experiments/train.py`` holds one
 per run and hands it, not the path, to what reads or writes the folder. Module
-level: the pure parts (``read_json``, ``stored_files``, ``saved_config``,
-``with_added_fields``) and ``WorkdirBusy``, the error of a folder in use.
+level: ``WorkdirBusy``, the error of a folder in use, and the names of
+``run_identity`` (the JSON readers ``read_json``, ``stored_files``; the config as saved,
+``saved_config``, ``with_added_fields``; the config digest that every checkpoint, stage
+file and results.json of the folder carries).
 """
 
 import datetime
@@ -26,60 +28,27 @@ from coulomb_jax import data
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.run import checkpoints
+from experiments.run import run_identity
 from experiments.run import sharding
 from experiments.run import summaries
 from experiments.run import train_config
 
 LOCK = 'lock'
-CONFIG = 'config.json'
-FINGERPRINT = 'fingerprint.json'
-TOKENIZER = 'tokenizer.json'
+CONFIG = run_identity.CONFIG
+FINGERPRINT = run_identity.FINGERPRINT
+TOKENIZER = run_identity.TOKENIZER
 SESSIONS = 'sessions.json'
 HISTORY = 'history.jsonl'
 PREFIX_RECORD = checkpoints.PREFIX + '.json'
-RESULTS = 'results.json'
+RESULTS = run_identity.RESULTS
+STAGES = run_identity.STAGES
 
 
-def read_json(path):
-  """A JSON file of a run folder; one ``cli.ConfigError`` naming it if it is damaged."""
-  try:
-    with open(path, encoding='utf-8') as f:
-      return json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise cli.ConfigError(f'{path} is not valid JSON ({e}): the file is damaged; restore it '
-                          'or use a new workdir.') from None
-
-
-def stored_files(path):
-  """The ``{name: sha256}`` of a ``fingerprint.json``; one ``cli.ConfigError`` if malformed."""
-  stored = read_json(path)
-  if not isinstance(stored, dict) or not isinstance(stored.get('files'), dict):
-    raise cli.ConfigError(f'{path}: expected {{"files": {{name: sha256}}}}, got '
-                          f'{json.dumps(stored)[:80]}; restore it or use a new workdir.')
-  return stored['files']
-
-
-# Config fields added after runs were started, with the value that reproduces what
-# those runs did: a config.json without the field resumes as having this value.
-_ADDED_FIELDS = {('data', 'validation_rule'): 'rows'}
-
-
-def saved_config(config):
-  """``config`` as ``config.json`` holds it (a plain nested dict)."""
-  return json.loads(config.to_json())
-
-
-def with_added_fields(saved):
-  """A saved config (``saved_config``) with every field added since it was written."""
-  for (section, field), value in _ADDED_FIELDS.items():
-    saved.setdefault(section, {}).setdefault(field, value)
-  return saved
-
-
-def _without_data_dir(saved):
-  """A saved config without ``data.data_dir`` (the data fingerprint compares the data)."""
-  return {k: ({f: v for f, v in fields.items() if f != 'data_dir'} if k == 'data' else fields)
-          for k, fields in saved.items()}
+# The JSON readers and the config's identity live in run_identity; their names stay here.
+read_json = run_identity.read_json
+stored_files = run_identity.stored_files
+saved_config = run_identity.saved_config
+with_added_fields = run_identity.with_added_fields
 
 
 def _check_history(path):
@@ -233,17 +202,21 @@ class RunFolder:
 
     The config (``train_config.check_config``), the data files, and an existing folder:
     its ``config.json`` must be this config's (the data folder aside: the fingerprint
-    compares the data itself), its files readable, and its ``fingerprint.json`` must
-    match the files now on disk. ``run.prefix_from``: that run's config and data.
+    compares the data itself), its ``results.json`` and ``phase_a_stages.json`` of this
+    config's digest (``run_identity``), its files readable, and its ``fingerprint.json``
+    must match the files now on disk. ``run.prefix_from``: that run's config and data.
     Raises ``cli.ConfigError`` (a ValueError) naming the field or file.
     """
     train_config.check_config(config, jax.device_count())
     workdir, config_path = self.path, self.file(CONFIG)
     if os.path.exists(config_path):
-      saved = with_added_fields(read_json(config_path))
-      if _without_data_dir(saved) != _without_data_dir(saved_config(config)):
+      saved = read_json(config_path)
+      if run_identity.identity(saved) != run_identity.identity(saved_config(config)):
         raise cli.ConfigError(f'workdir: {workdir!r} holds a run with a different config '
                               f'({config_path}); use a new workdir.')
+    digest = run_identity.digest_of(config)
+    run_identity.check_results(workdir, digest)
+    self.check_stages(digest)
     _check_history(self.file(HISTORY))
     if self.exists(SESSIONS):
       read_json(self.file(SESSIONS))
@@ -269,8 +242,13 @@ class RunFolder:
       except ValueError as e:
         raise cli.ConfigError(str(e)) from None
     if config.run.prefix_from:
-      _check_prefix_source(config, current)
+      run_identity.check_prefix_source(config, current)
     return expected
+
+  def check_stages(self, digest: str) -> None:
+    """``phase_a_stages.json`` must be of the run of config digest ``digest``
+    (``run_identity.check_stages``: one line naming both digests and the file)."""
+    run_identity.check_stages(self.file(STAGES), digest)
 
   def data_fingerprint(self, config) -> dict:
     """``{name: sha256}`` of every file a run reads: the task's data files (named relative
@@ -407,12 +385,22 @@ class RunFolder:
     return checkpoints.checkpoint_manager(self.path)
 
   def save(self, ckpt, sharder=None) -> None:
-    """Saves the run's state (all processes call it; ``checkpoints.save``)."""
+    """Saves the run's state (all processes call it; ``checkpoints.save``). First the
+    stages of ``phase_a_stages.json`` get the state's config digest (process 0,
+    ``run_identity.stamp_stages``): a Phase A stage is done only once a checkpoint says
+    so, and by then its summary names its run."""
+    if self.chief and checkpoints.CONFIG_LEAF in ckpt:
+      run_identity.stamp_stages(self.file(STAGES), checkpoints.leaf_hex(
+          ckpt[checkpoints.CONFIG_LEAF]))
     checkpoints.save(self.checkpoint_manager, ckpt, sharder)
 
   def restore(self, target, sharder=None):
-    """The newest readable checkpoint, or ``target`` if none (``checkpoints.restore``)."""
-    return checkpoints.restore(self.checkpoint_manager, target, sharder)
+    """The newest readable checkpoint, or ``target`` if none (``checkpoints.restore``);
+    one written before config digests is vouched for by ``config.json``."""
+    legacy = None
+    if self.exists(CONFIG):
+      legacy = (self.file(CONFIG), run_identity.config_digest(read_json(self.file(CONFIG))))
+    return checkpoints.restore(self.checkpoint_manager, target, sharder, legacy)
 
   def latest_checkpoint(self):
     """The newest checkpoint as saved, without a target (a finished run's ``best_params``)."""
@@ -426,7 +414,8 @@ class RunFolder:
     """``target`` restored from ``<source>/prefix`` (``run.prefix_from``), or None if that
     run has not saved it yet; this folder then starts with ``source``'s history up to
     there and a ``prefix.json`` naming it (its sessions and its Phase B steps)."""
-    restored = checkpoints.restore_prefix(source, target, sharder)
+    restored = checkpoints.restore_prefix(source, target, sharder,
+                                          run_identity.prefix_source_digest(source))
     if restored is None:
       return None
     theirs, t = RunFolder(source), int(restored['step_a']) + int(restored['step_b'])
@@ -469,31 +458,3 @@ class RunFolder:
         np.savez(f, labels=np.asarray(labels, np.int32), probs=np.asarray(probs, np.float32))
       os.replace(path + '.tmp', path)
 
-
-def _check_prefix_source(config, ours):
-  """Refuses a ``run.prefix_from`` run whose config differs in a field the prefix depends
-  on, or whose data fingerprint differs from ``ours`` (this run's, data now on disk)."""
-  source = config.run.prefix_from
-  theirs = RunFolder(source)
-  if not os.path.isfile(theirs.file(CONFIG)):
-    raise cli.ConfigError(f'config.run.prefix_from: {source!r} is not a run folder (no '
-                          'config.json).')
-  their_fields = checkpoints.prefix_fields(with_added_fields(read_json(theirs.file(CONFIG))))
-  mine = checkpoints.prefix_fields(saved_config(config))
-  diff = sorted(k for k in set(their_fields) | set(mine)
-                if their_fields.get(k) != mine.get(k))
-  if diff:
-    raise cli.ConfigError(f'config.run.prefix_from: {source!r} trained with other values of '
-                          f'{diff}; its Phase B prefix is not this run\'s.')
-  if not theirs.exists(FINGERPRINT):
-    logging.warning('config.run.prefix_from: %s has no %s (trained before data fingerprints): '
-                    'its data is not compared with this run\'s.', source, FINGERPRINT)
-    return
-  stored = stored_files(theirs.file(FINGERPRINT))
-  if TOKENIZER not in ours:      # Ours is copied from theirs.
-    stored = {k: v for k, v in stored.items() if k != TOKENIZER}
-  try:
-    data.check_fingerprint(stored, ours, what=f'config.run.prefix_from: the data {source!r} '
-                           'trained on')
-  except ValueError as e:
-    raise cli.ConfigError(f'{e} Its Phase B prefix is not this run\'s.') from None
