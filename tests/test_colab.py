@@ -1,4 +1,5 @@
-"""The Colab notebooks run top to bottom (on CPU) and are committed without outputs.
+"""The Colab notebooks run top to bottom (on CPU, with ``TEST_SIZES``' smaller data) and are
+committed without outputs.
 
 Here coulomb_jax is importable, so each notebook's install cell does nothing; the
 install itself is for Colab (checked by reading the cell: one source variable, a
@@ -26,11 +27,30 @@ MIN_IMAGES = {
 NEEDS_SST2 = {'kernel_attention.ipynb'}
 # The extras each notebook installs on Colab.
 EXTRAS = {'particles.ipynb': 'experiments', 'kernel_attention.ipynb': 'experiments,tfds'}
+# Smaller sizes for the test run, as (the committed line, the line run here): the same
+# cells and code paths in less time (kernel_attention: 4 batches per epoch instead of 16,
+# shorter sequences; the running mean of its Phase A plot still has 12 - 1 > 8 steps).
+TEST_SIZES = {
+    'kernel_attention.ipynb': [(
+        'SEED, N_TRAIN, N_VAL, MAX_LENGTH, BATCH = 0, 512, 256, 64, 32',
+        'SEED, N_TRAIN, N_VAL, MAX_LENGTH, BATCH = 0, 128, 64, 32, 32')],
+}
 
 
 def _sst2_present() -> bool:
   data_dir = os.environ.get('COULOMB_JAX_DATA') or os.path.join(_ROOT, '..', 'shared', 'data')
   return os.path.isfile(os.path.join(data_dir, 'glue', 'SST-2', 'train.tsv'))
+
+
+def _with_test_sizes(nb, name):
+  """``nb`` with each of ``TEST_SIZES[name]``'s committed lines replaced (each must be in
+  exactly one code cell, so a changed notebook fails here instead of running full size)."""
+  for old, new in TEST_SIZES.get(name, ()):
+    cells = [c for c in nb.cells if c.cell_type == 'code' and old in c.source.splitlines()]
+    assert len(cells) == 1, f'{name}: expected one cell with the line {old!r}'
+    cells[0].source = '\n'.join(new if line == old else line
+                                for line in cells[0].source.splitlines())
+  return nb
 
 
 def test_there_are_notebooks():
@@ -69,6 +89,7 @@ def test_notebook_runs_and_is_stripped(path):
       assert not cell.outputs and cell.execution_count is None, 'commit notebooks stripped'
   if name in NEEDS_SST2 and not _sst2_present():
     pytest.skip('GLUE SST-2 not found (set COULOMB_JAX_DATA or provide ../shared/data)')
+  nb = _with_test_sizes(nb, name)
   client = nbclient.NotebookClient(nb, timeout=600, kernel_name='python3',
                                    resources={'metadata': {'path': _COLAB}})
   client.execute()
