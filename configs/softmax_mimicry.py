@@ -38,7 +38,8 @@ def get_config():
   config.fit.radius = 12.0
   # Global-norm clip of ∇H before the η·N factor (the paper: 10).
   config.fit.clip_norm = 10.0
-  # Langevin step size η of particles_softmax (drift −η·N·clip(∇H)); chosen by the pilot.
+  # Langevin step size η of particles_softmax (drift −η·N·clip(∇H)). This and the other
+  # step sizes and R below are defaults: the pilot chooses them per N.
   config.fit.step_size = 0.03
   # Inverse temperature β of particles_softmax and particles_labels (noise √(2η/β)).
   config.fit.beta = 1e4
@@ -59,17 +60,16 @@ def get_config():
   # encoder (never the validation rows of the fidelity, never test).
   config.pilot.dataset = 'rotten_tomatoes'
   config.pilot.seed = 0
-  # N of the pilot.
-  config.pilot.num_features = 64
   # Training rows (disjoint from fit_rows) the pilot scores on.
   config.pilot.heldout_rows = 128
   # Candidates of each field the pilot sets (the one with the lowest held-out KL wins).
   # R is piloted with particles_softmax's step size (the other methods then use it).
+  # Piloted at every N of num_features separately.
   config.pilot.radius = (8.0, 12.0)
-  config.pilot.step_size = (0.01, 0.03, 0.1, 0.3, 1.0)
-  config.pilot.flow_step_size = (0.01, 0.03, 0.1, 0.3, 1.0)
-  config.pilot.labels_step_size = (0.001, 0.01, 0.1)
-  config.pilot.hedgehog_learning_rate = (1e-3, 3e-3, 1e-2, 3e-2)
+  config.pilot.step_size = (0.03, 0.1, 0.3)
+  config.pilot.flow_step_size = (0.03, 0.1, 0.3)
+  config.pilot.labels_step_size = (0.01, 0.1)
+  config.pilot.hedgehog_learning_rate = (3e-3, 1e-2, 3e-2)
 
   config.conversion = ml_collections.ConfigDict()
   # Fine-tuning after conversion: one short epoch of this many training rows (all of

@@ -96,7 +96,6 @@ def main(argv):
     os.makedirs(FLAGS.workdir, exist_ok=True)
     pilot = study.run_pilot(config, encoders.load_encoder(pilot_run),
                             os.path.join(FLAGS.workdir, 'pilot.json'), log)
-    settings = study.settings_from(config, pilot)
     for part in parts:                    # every encoder's fidelity first: the headline
       for (dataset, seed), path in runs.items():
         out_dir = study.part_dir(FLAGS.workdir, dataset, seed)
@@ -104,7 +103,7 @@ def main(argv):
           continue
         encoder = encoders.load_encoder(path)
         if part == 'fidelity':
-          study.run_fidelity(config, settings, encoder, seed, out_dir, log)
+          study.run_fidelity(config, pilot, encoder, seed, out_dir, log)
         else:
           study.run_conversion(config, encoder, seed, out_dir, log)
   table = collect.write_results(config, FLAGS.workdir, FLAGS.out)

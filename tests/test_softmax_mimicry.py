@@ -207,6 +207,9 @@ def _fake_parts(root, seeds=(0, 1)):
 
 def test_results_file_has_the_binding_schema_and_the_page_its_block(tmp_path):
   _fake_parts(str(tmp_path / 'w'))
+  with open(tmp_path / 'w' / 'pilot.json', 'w') as f:
+    json.dump({'dataset': 'rotten_tomatoes', 'seed': 0, 'commit': 'c', 'heldout': 'h',
+               'chosen': {'16': {'radius': 8.0, 'step_size': 0.1}}}, f)
   out = str(tmp_path / 'r.json')
   table = collect.write_results(study_config.get_config(), str(tmp_path / 'w'), out)
   with open(out) as f:
@@ -230,6 +233,7 @@ def test_results_file_has_the_binding_schema_and_the_page_its_block(tmp_path):
   text = open(md).read()
   assert text.startswith('# Title\n\nThe answer in words.\n') and text.count(page.BEGIN) == 1
   assert '| hedgehog |' in text and os.path.isfile(tmp_path / 'fig' / page.FIDELITY_FIGURE)
+  assert '| 16 | 8.0 | 0.1 |' in text                         # the pilot's choice per N
 
 
 def test_an_empty_workdir_never_replaces_results(tmp_path):
@@ -267,3 +271,28 @@ def test_config_is_checked_naming_the_field(field, value, message):
   (config[section] if section else config)[name] = value
   with pytest.raises(cli.ConfigError, match=re.escape(message)):
     softmax_mimicry.check_config(config)
+
+
+def test_pilot_chooses_the_lowest_heldout_kl_at_every_n_and_fidelity_uses_it(tmp_path):
+  from experiments.mimicry import study  # pylint: disable=g-import-not-at-top
+  enc, _, _ = _softmax_encoder()
+  config = study_config.get_config()
+  config.num_features, config.conversion_features = (4, 8), (8,)
+  config.data.fit_rows, config.data.heldout_rows, config.data.batch_size = 12, 8, 4
+  config.pilot.heldout_rows, config.fit.steps = 8, 2
+  config.pilot.radius, config.pilot.step_size = (8.0,), (0.03, 0.3)
+  config.pilot.flow_step_size, config.pilot.labels_step_size = (0.1,), (0.1,)
+  config.pilot.hedgehog_learning_rate = (1e-2,)
+  pilot = study.run_pilot(config, enc, str(tmp_path / 'pilot.json'), log=lambda _: None)
+  assert set(pilot['chosen']) == {'4', '8'}
+  for n in ('4', '8'):
+    rows = pilot['scores'][n]['particles_softmax']
+    assert len(rows) == 2
+    best = min(rows, key=lambda r: r['heldout_kl'])
+    assert pilot['chosen'][n]['step_size'] == best['step_size']
+    assert study.settings_from(config, pilot, int(n)).step_size == best['step_size']
+  out = study.run_fidelity(config, pilot, enc, 0, str(tmp_path / 'part'), log=lambda _: None)
+  assert set(out['methods']) == set(fit.METHODS)
+  assert out['methods']['hedgehog']['8']['rows'] == 4               # N/2 rows
+  assert os.path.isfile(tmp_path / 'part' / 'rows_particles_softmax_8.npy')
+  assert not os.path.exists(tmp_path / 'part' / 'rows_particles_softmax_4.npy')

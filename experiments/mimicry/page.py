@@ -21,6 +21,8 @@ BEGIN = '<!-- softmax_mimicry:begin (written by python -m experiments.softmax_mi
 END = '<!-- softmax_mimicry:end -->'
 FIDELITY_FIGURE = 'softmax_mimicry_fidelity.png'
 CONVERSION_FIGURE = 'softmax_mimicry_conversion.png'
+PILOT_COLUMNS = ('radius', 'step_size', 'flow_step_size', 'labels_step_size',
+                 'hedgehog_learning_rate')
 
 
 def fidelity_figure(table: dict, path: str) -> str:
@@ -133,13 +135,18 @@ def provenance_lines(table: dict) -> list:
   pilot = table.get('pilot') or {}
   commits = sorted({p['commit'] for p in table['parts'] if p.get('commit')})
   enc = sorted({p['encoder_commit'] for p in table['parts'] if p.get('encoder_commit')})
-  return [f'Pilot ({pilot.get("dataset")} seed {pilot.get("seed")}, N = '
-          f'{pilot.get("num_features")}, scored on {pilot.get("heldout")}): chosen '
-          f'`{json.dumps(pilot.get("chosen"))}`.', '',
-          f'Written by `{table["command"]}` at `{table["commit"]}` ({table["date"]}); machine '
-          f'`{json.dumps(table["machine"], sort_keys=True)}`. Part files made at '
-          f'{", ".join(f"`{c}`" for c in commits)}; encoders trained at '
-          f'{", ".join(f"`{c}`" for c in enc)}.']
+  chosen = sorted((pilot.get('chosen') or {}).items(), key=lambda kv: int(kv[0]))
+  lines = [f'Pilot ({pilot.get("dataset")} seed {pilot.get("seed")}, every N, scored on '
+           f'{pilot.get("heldout")}; commit `{pilot.get("commit")}`): the settings chosen '
+           'per N.', '',
+           '| N | ' + ' | '.join(PILOT_COLUMNS) + ' |', '|---|' + '---|' * len(PILOT_COLUMNS)]
+  lines += [f'| {n} | ' + ' | '.join(str(c.get(k, '')) for k in PILOT_COLUMNS) + ' |'
+            for n, c in chosen]
+  return lines + [
+      '', f'Written by `{table["command"]}` at `{table["commit"]}` ({table["date"]}); machine '
+      f'`{json.dumps(table["machine"], sort_keys=True)}`. Part files made at '
+      f'{", ".join(f"`{c}`" for c in commits)}; encoders trained at '
+      f'{", ".join(f"`{c}`" for c in enc)}.']
 
 
 def write_page(table: dict, page: str, figures: str) -> None:

@@ -1,9 +1,9 @@
 r"""The three parts of the mimicry study, each a resumable JSON file of the workdir.
 
 * ``pilot`` (``<workdir>/pilot.json``): on one encoder (``config.pilot``), every fitted
-  method at N = ``pilot.num_features`` with each candidate step size, scored by the mean
+  method at every N with each candidate step size, scored by the mean
   held-out KL on *training* rows disjoint from the fit rows; the lowest wins. The
-  fidelity and conversion use the winners (``settings``).
+  fidelity and conversion use each N's winners (``settings_from``).
 * ``fidelity`` (``<workdir>/<dataset>/seed<k>/fidelity.json``): every method × N fitted
   on ``data.fit_rows`` training rows and measured on ``data.heldout_rows`` validation rows
   (``fidelity.heldout_fidelity``), per layer and head; with the fit's first and last
@@ -78,10 +78,12 @@ def _candidates(p, method, chosen):
 
 
 def run_pilot(config, encoder, path, log: Callable = print) -> dict:
-  """``pilot.json``: the held-out KL of every candidate; returns it (existing: read).
+  """``pilot.json``: the held-out KL of every candidate at every N; returns it (existing: read).
 
-  particles_softmax goes first and sets R (``pilot.radius``) with its step size; the
-  other methods are piloted inside that ball.
+  At each N of ``num_features`` separately (a step size that is stable at one N need not
+  be at another), particles_softmax goes first and sets R (``pilot.radius``) with its
+  step size; the other methods are piloted inside that ball. ``chosen[N]`` holds the
+  winners.
   """
   done = _read(path)
   if done is not None:
@@ -91,31 +93,32 @@ def run_pilot(config, encoder, path, log: Callable = print) -> dict:
   rows = encoders.split_rows(encoder, 'train', p.heldout_rows, p.seed, skip=d.fit_rows)
   heldout = encoders.head_batches(encoder, rows, d.batch_size, d.pad_multiple)
   scores, chosen = {}, {}
-  for method in PILOT_FIELDS:
-    scores[method] = []
-    for fields in _candidates(p, method, {'radius': chosen.get('radius', config.fit.radius)}):
-      settings = copy.deepcopy(config.fit)
-      settings.update(fields)
-      omega, _ = _fit_one(method, encoder, batches, settings, config.fit.steps,
-                          p.num_features, p.seed)
-      kl = float(np.mean(fidelity.heldout_fidelity(omega, fit.feature_map(method),
-                                                   heldout)['kl']))
-      scores[method].append(dict(fields, heldout_kl=kl))
-      log(f'pilot {method} {fields}: held-out KL {kl:.4f}')
-    best = min(scores[method], key=lambda row: row['heldout_kl'])
-    chosen.update({k: v for k, v in best.items() if k != 'heldout_kl'})
+  for n in config.num_features:
+    scores[str(n)], best_n = {}, {}
+    for method in PILOT_FIELDS:
+      rows_scored = scores[str(n)][method] = []
+      for fields in _candidates(p, method, {'radius': best_n.get('radius', config.fit.radius)}):
+        settings = copy.deepcopy(config.fit)
+        settings.update(fields)
+        omega, _ = _fit_one(method, encoder, batches, settings, config.fit.steps, n, p.seed)
+        kl = float(np.mean(fidelity.heldout_fidelity(omega, fit.feature_map(method),
+                                                     heldout)['kl']))
+        rows_scored.append(dict(fields, heldout_kl=kl))
+        log(f'pilot N={n} {method} {fields}: held-out KL {kl:.4f}')
+      best = min(rows_scored, key=lambda row: row['heldout_kl'])
+      best_n.update({k: v for k, v in best.items() if k != 'heldout_kl'})
+    chosen[str(n)] = best_n
   out = {'commit': provenance.git_commit(), 'dataset': p.dataset, 'seed': p.seed,
-         'num_features': p.num_features,
          'heldout': f'{p.heldout_rows} training rows after the {d.fit_rows} fit rows',
          'scores': scores, 'chosen': chosen}
   provenance.write_json_atomic(path, out, indent=1)
   return out
 
 
-def settings_from(config, pilot: dict):
-  """``config.fit`` with the pilot's choices."""
+def settings_from(config, pilot: dict, num_features: int):
+  """``config.fit`` with the pilot's choices at ``num_features``."""
   settings = copy.deepcopy(config.fit)
-  for field, value in pilot['chosen'].items():
+  for field, value in pilot['chosen'][str(num_features)].items():
     settings[field] = value
   return settings
 
@@ -126,7 +129,7 @@ def _diversity(omega):
   return {k: [float(x) for x in np.asarray(v)] for k, v in div.items()}
 
 
-def run_fidelity(config, settings, encoder, seed, out_dir, log: Callable = print) -> dict:
+def run_fidelity(config, pilot, encoder, seed, out_dir, log: Callable = print) -> dict:
   """``fidelity.json`` of one encoder (existing: read)."""
   path = os.path.join(out_dir, 'fidelity.json')
   done = _read(path)
@@ -142,6 +145,7 @@ def run_fidelity(config, settings, encoder, seed, out_dir, log: Callable = print
     table[method] = {}
     for n in config.num_features:
       start = time.time()
+      settings = settings_from(config, pilot, n)
       omega, losses = _fit_one(method, encoder, batches, settings, config.fit.steps, n, seed)
       seconds = time.time() - start
       got = fidelity.heldout_fidelity(omega, fit.feature_map(method), heldout)
