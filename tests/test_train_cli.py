@@ -3,7 +3,10 @@ folder, with the data folder from COULOMB_JAX_DATA, one-line mistakes, --help an
 --list_fields, the workdir lock against a real second process, a SIGKILLed run that
 keeps its TensorBoard curves and resumes without clean-up (issues 16 and 17).
 
-The runs are tiny: softmax attention (no Phase A), one layer, 64 generated rows.
+The runs are tiny: softmax attention (no Phase A), one layer of width 32, 64 generated
+rows, 6 epochs of 4 steps. One run launched through grid.py (``grid_run``) is checked as a
+newcomer's run and is the uninterrupted reference of the killed run, which trains the same
+config (and so finds its programs in the session's compilation cache).
 """
 
 import json
@@ -23,9 +26,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, 'experiments', 'train.py')
 GRID = os.path.join(REPO, 'experiments', 'grid.py')
 RT = os.path.join(REPO, 'configs', 'rotten_tomatoes.py')
+VARIANT = 'softmax'
+# The quick variant's sizes and learning rate, as overrides: grid.py's --variants names
+# variants without modifiers.
 TINY = {'data.max_train_examples': 64, 'data.vocab_size': 120, 'data.max_length': 32,
-        'data.pad_multiple': 32, 'model.num_layers': 1, 'phase_b.batch_size': 16,
+        'data.pad_multiple': 32, 'model.num_layers': 1, 'model.width': 32,
+        'model.ffn_dim': 64, 'phase_b.batch_size': 16, 'phase_b.learning_rate': 0.002,
         'run.eval_batch_size': 32, 'run.log_every': 2, 'run.checkpoint_every': 2}
+# The grid run and the killed run: a save at every epoch end only, and enough epochs
+# after the first save that the killed run is still going when the test kills it.
+RUN = {'phase_b.num_epochs': 6, 'run.checkpoint_every': 0}
+STEPS = 6 * 4                                  # 64 rows in batches of 16
 
 
 def _overrides(**more):
@@ -34,7 +45,7 @@ def _overrides(**more):
 
 def _config(data_dir, **more):
   from configs import rotten_tomatoes  # pylint: disable=g-import-not-at-top
-  config = rotten_tomatoes.get_config('softmax,quick')
+  config = rotten_tomatoes.get_config(VARIANT)
   config.data.data_dir = data_dir
   for key, value in dict(TINY, **more).items():
     section, field = key.split('.')
@@ -75,14 +86,23 @@ def data_dir(tmp_path_factory):
   return _mr_data(str(tmp_path_factory.mktemp('cli') / 'data'))
 
 
-def test_grid_and_train_run_from_another_folder_with_the_data_from_the_environment(
-    data_dir, tmp_path):
+@pytest.fixture(scope='module')
+def grid_run(data_dir, tmp_path_factory):
+  """grid.py run from another folder with the data folder from COULOMB_JAX_DATA: its run
+  folder (``RUN``) and the log it wrote."""
+  cwd = tmp_path_factory.mktemp('grid')
   env = dict(os.environ, COULOMB_JAX_DATA=data_dir)
-  out = _run([GRID, '--dataset=rotten_tomatoes', '--variants=softmax', '--workdir=g', '--',
-              *_overrides(**{'phase_b.num_epochs': 1})], cwd=str(tmp_path), env=env)
-  run_dir = tmp_path / 'g' / 'rotten_tomatoes' / 'softmax' / 'seed0'
+  out = _run([GRID, '--dataset=rotten_tomatoes', f'--variants={VARIANT}', '--workdir=g', '--',
+              *_overrides(**RUN)], cwd=str(cwd), env=env)
+  run_dir = cwd / 'g' / 'rotten_tomatoes' / VARIANT / 'seed0'
   log = (run_dir / 'log.txt').read_text() if (run_dir / 'log.txt').exists() else ''
   assert out.returncode == 0, out.stderr[-3000:] + log[-3000:]
+  return run_dir, log
+
+
+def test_grid_and_train_run_from_another_folder_with_the_data_from_the_environment(
+    data_dir, grid_run):
+  run_dir, log = grid_run
   results = json.loads((run_dir / 'results.json').read_text())
   # The data folder and the command, relative to the repository; the data's digests.
   assert results['data_dir'] == os.path.relpath(data_dir, REPO)
@@ -96,7 +116,7 @@ def test_grid_and_train_run_from_another_folder_with_the_data_from_the_environme
   assert json.loads((run_dir / 'config.json').read_text())['variant'] == 'softmax'
   # TensorBoard: the curves and the hparams (config fields, final metrics).
   tensorboard = str(run_dir / 'tensorboard')
-  assert _scalars(tensorboard)['phase_b/loss'] == [2, 4]
+  assert _scalars(tensorboard)['phase_b/loss'] == list(range(2, STEPS + 1, 2))
   hparams = _scalars(os.path.join(tensorboard, 'hparams'))
   assert {'test/accuracy', 'validation/log_loss'} <= set(hparams)
   plugins = {v.metadata.plugin_data.plugin_name for name in os.listdir(
@@ -158,13 +178,13 @@ def test_a_second_process_on_a_busy_workdir_exits_at_once_naming_the_holder(data
   assert os.listdir(workdir) == ['lock']               # It wrote nothing.
 
 
-def test_a_killed_run_keeps_its_curves_and_resumes_without_clean_up(data_dir, tmp_path):
+def test_a_killed_run_keeps_its_curves_and_resumes_without_clean_up(data_dir, grid_run,
+                                                                    tmp_path):
   from experiments import train  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'killed')
-  more = {'phase_b.num_epochs': 15, 'run.checkpoint_every': 0}   # a save per epoch
-  proc = subprocess.Popen([sys.executable, TRAIN, f'--config={RT}:softmax,quick',
+  proc = subprocess.Popen([sys.executable, TRAIN, f'--config={RT}:{VARIANT}',
                            f'--workdir={workdir}', f'--config.data.data_dir={data_dir}',
-                           *_overrides(**more)], cwd=str(tmp_path),
+                           *_overrides(**RUN)], cwd=str(tmp_path),
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   checkpoints = os.path.join(workdir, 'checkpoints')
   try:
@@ -181,7 +201,9 @@ def test_a_killed_run_keeps_its_curves_and_resumes_without_clean_up(data_dir, tm
     assert f.read().startswith(f'pid {proc.pid} on host ')           # Left behind.
   # The curves logged before the kill are on disk.
   assert _scalars(os.path.join(workdir, 'tensorboard'))['phase_b/loss'][0] == 2
-  resumed = train.train_and_evaluate(_config(data_dir, **more), workdir)
+  resumed = train.train_and_evaluate(_config(data_dir, **RUN), workdir)
   assert len(resumed['sessions']) == 2
-  whole = train.train_and_evaluate(_config(data_dir, **more), str(tmp_path / 'whole'))
+  # The same metrics as the uninterrupted run of the same config (grid_run's).
+  whole = json.loads((grid_run[0] / 'results.json').read_text())
+  assert whole['config']['phase_b'] == resumed['config']['phase_b']
   assert resumed['test'] == whole['test'] and resumed['validation'] == whole['validation']
