@@ -236,6 +236,10 @@ def min_pairwise_distance(omega: jax.Array) -> jax.Array:
   return jnp.sqrt(jnp.min(sq, axis=(-2, -1)))
 
 
+DIVERSITY_STATISTICS = ('top_direction_share', 'effective_rank', 'min_pairwise_distance')
+"""The keys of ``particle_diversity``."""
+
+
 def particle_diversity(omega: jax.Array) -> dict:
   """``{'top_direction_share', 'effective_rank', 'min_pairwise_distance'}``, each ``[...]``."""
   return {'top_direction_share': top_direction_share(omega),

@@ -197,6 +197,17 @@ def test_end_to_end_softmax_target_lowers_the_heldout_attention_kl(tmp_path):
                 'random_walk_displacement', 'inside_fraction'):
     assert np.isfinite(report[field]), field
   assert 0.0 <= result['test']['accuracy'] <= 1.0
+  # Diversity of the initial, ball and learned particles, per layer and head, and its means.
+  div = stage['diversity']
+  assert set(div) == {'initial', 'ball', 'learned'}
+  heads = result['config']['model']['num_heads']
+  for name, per_path in div.items():
+    assert per_path and all(len(v['effective_rank']) == heads for v in per_path.values())
+  assert div['ball'] != div['initial']                      # the projection changes the cloud
+  for name in ('initial', 'ball', 'learned'):
+    assert 1.0 <= report['diversity'][name]['effective_rank'] <= 16.0     # ≤ min(M, D_h)
+    assert 0.0 < report['diversity'][name]['top_direction_share'] <= 1.0
+    assert report['diversity'][name]['min_pairwise_distance'] > 0.0
 
 
 @pytest.mark.parametrize('value', ['softmx', '', 'Softmax'])

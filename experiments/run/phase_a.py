@@ -43,6 +43,7 @@ import numpy as np
 from absl import logging
 
 from coulomb_jax import data
+from coulomb_jax import diagnostics
 from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import phase_a_mimicry
 from coulomb_jax import training
@@ -418,11 +419,22 @@ def _stage_summary(run, index, stage, cal, heldout, step_fn, opt, table, steps, 
     summary['null_displacement'] = median(moved(ball), moved(null_params))
   summary['heldout_per_head'] = result
   summary['heldout'] = {k: _mean_heldout(v) for k, v in result.items()}
+  summary['diversity'] = {name: _diversity(moved(p)) for name, p in
+                          (('initial', start), ('ball', ball), ('learned', learned))}
   summary['diagnostics_seconds'] = time.time() - tick
   logging.info('phase A stage %d: %s', index + 1, json.dumps(
       {k: summary[k] for k in ('drift_to_noise', 'repulsion_to_alignment', 'gibbs_tilt',
                                'displacement', 'random_walk_displacement', 'heldout')}))
   return summary
+
+
+def _diversity(leaves) -> dict:
+  """``{path: {statistic: [per head]}}`` of ``diagnostics.particle_diversity``: the share of
+  the cloud's variance in its top direction, its effective rank, its smallest pairwise
+  distance (does the repulsion keep the particles apart?)."""
+  return {'/'.join(path): {k: np.asarray(v, np.float64).ravel().tolist()
+                           for k, v in diagnostics.particle_diversity(w).items()}
+          for path, w in sorted(leaves.items())}
 
 
 def _null_run(run, stage, step_fn, opt, table, steps):
@@ -455,7 +467,9 @@ def phase_a_report(workdir: str) -> Optional[dict]:
   step of every stage (the stages' histograms added); held-out statistics: means
   over the stages (``heldout_alignment`` and ``heldout_centered_alignment``; for the
   softmax target ``heldout_kl`` and ``target: 'softmax'``); ``gibbs_tilt`` and
-  displacements: medians over the stages.
+  displacements: medians over the stages; ``diversity``: each statistic of
+  ``diagnostics.particle_diversity`` for the initial, ball and learned particles, the
+  mean over stages, layers and heads (per head in each stage's ``diversity``).
   """
   path = os.path.join(workdir, STAGES_FILE)
   if not os.path.exists(path):
@@ -477,5 +491,11 @@ def phase_a_report(workdir: str) -> Optional[dict]:
     report.update(heldout_alignment={k: mean(k, 'alignment') for k in which},
                   heldout_centered_alignment={k: mean(k, 'centered_alignment')
                                               for k in which})
+  if 'diversity' in stages[0]:      # stage files written before the diversity had none
+    report['diversity'] = {
+        name: {stat: float(np.mean([x for s in stages for head in s['diversity'][name].values()
+                                    for x in head[stat]]))
+               for stat in diagnostics.DIVERSITY_STATISTICS}
+        for name in ('initial', 'ball', 'learned')}
   report['stages'] = [{k: v for k, v in s.items() if k != 'histograms'} for s in stages]
   return report
