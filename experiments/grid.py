@@ -13,16 +13,18 @@ resume from their checkpoint, so the same command continues a grid in a later
 session. A finished folder must hold the run asked for: its ``results.json``'s
 config digest (or, before digests, its ``config.json``) is compared with the
 config the grid would run, and a folder of another variant's or config's run is
-refused in one line naming what differs (``check_finished``). Arguments after ``--`` are passed to every run (config overrides); one
-written ``<dataset>:--config.x=y`` only to that dataset's runs, e.g.
+refused in one line naming what differs (``check_finished``). Arguments after
+``--`` are passed to every run (config overrides); one written
+``<dataset>:--config.x=y`` only to that dataset's runs, e.g.
 ``sst2:--config.data.validation_rule=sentences``.
 ``experiments/report.py`` turns the results into tables.
 
 Runs start in order seed, dataset, variant (all of seed 0 first), ``--jobs`` at
 a time (several runs share one GPU well: the paper-sized model is far too small
-to fill one; with ``--jobs`` > 1 they do not preallocate its memory). ``--no_new_runs_after_s`` stops starting runs after that many
-seconds and ``--kill_after_s`` ends the runs still going (they keep their last
-checkpoint), so a grid fits a fixed lease; see ``experiments/gpu_grid.sh``.
+to fill one; with ``--jobs`` > 1 they do not preallocate its memory).
+``--no_new_runs_after_s`` stops starting runs after that many seconds and
+``--kill_after_s`` ends the runs still going (they keep their last checkpoint),
+so a grid fits a fixed lease; see ``experiments/gpu_grid.sh``.
 After a failed run no new run starts; the command exits non-zero once the
 others have ended.
 """

@@ -30,7 +30,8 @@ the code:
    validation accuracy (ties: lower log loss) is kept;
 5. writes ``results.json``: validation and test metrics of the kept parameters,
    the time of each phase, the data folder and fingerprint, the config's digest
-   (``config_sha256``, ``run_identity``), the command, commit and machine; TensorBoard scalars (flushed at every log line) and hparams go to
+   (``config_sha256``, ``run_identity``), the command, commit and machine;
+   TensorBoard scalars (flushed at every log line) and hparams go to
    ``<workdir>/tensorboard``.
 
 Batches are sharded over all devices along a ``data`` mesh axis (parameters

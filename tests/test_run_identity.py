@@ -72,7 +72,8 @@ def _snapshot(path):
 
 
 def _other(runs):
-  return grid.load_config(DATASET, 'kernel-favor', runs.args + ['--config.phase_b.learning_rate=0.01'])
+  return grid.load_config(DATASET, 'kernel-favor',
+                          runs.args + ['--config.phase_b.learning_rate=0.01'])
 
 
 def _resave(runs, workdir, change):

@@ -171,6 +171,13 @@ def _saved_keys(read_metadata):
   return set(tree.keys()) if hasattr(tree, 'keys') else None
 
 
+def _step_keys(manager, step):
+  """The top-level keys of the state saved at ``step`` by ``manager`` (``_saved_keys``)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.abspath(str(manager.directory)), str(step), 'default')
+  return _saved_keys(lambda: ocp.StandardCheckpointer().metadata(path))
+
+
 def check_finite(ckpt, where: str, parts=('params', 'best_params', 'stage_start')):
   """One ``cli.ConfigError`` if a floating leaf of ``ckpt[part]`` holds NaN or ±inf,
   naming the first such leaf (e.g. ``params/encoder_0/attention/particles``) and where it
@@ -226,10 +233,8 @@ def restore(manager, target, sharder=None, legacy=None):
   for step in steps:
     std_logging.getLogger('absl').addFilter(quiet)
     try:
-      keys = _saved_keys(lambda: ocp.StandardCheckpointer().metadata(  # pylint: disable=cell-var-from-loop
-          os.path.join(os.path.abspath(str(manager.directory)), str(step), 'default')))
       ckpt = manager.restore(step, args=ocp.args.StandardRestore(
-          _without_config_leaf(abstract, keys)))
+          _without_config_leaf(abstract, _step_keys(manager, step))))
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
       reason = ' '.join(f'{type(e).__name__}: {e}'.split())
       failures.append(f'step {step}: {reason if len(reason) < 300 else reason[:297] + "..."}')

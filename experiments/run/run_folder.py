@@ -109,12 +109,15 @@ class RunFolder:
     read, of the ``vocab_file`` and of ``tokenizer.json`` (the WordPiece tokenizer);
   * ``sessions.json``: commit, date and devices of every call that ran the folder;
   * ``history.jsonl``: one JSON record per log line, ``t`` its global step;
-  * ``checkpoints/``: orbax, the last two steps (``checkpoints_unreadable/``: set aside);
+  * ``checkpoints/``: orbax, the last two steps (``checkpoints_unreadable/``: set aside),
+    each with the digests of the run's data and config (``run_identity``);
   * ``prefix/``: the state after the Phase B epochs before Phase A, for runs with
     ``run.prefix_from``; ``prefix.json``: where this run's prefix came from;
-  * ``phase_a_stages.json``: Phase A stage summaries (``experiments.run.phase_a``);
+  * ``phase_a_stages.json``: Phase A stage summaries (``experiments.run.phase_a``), each
+    with the config digest (``config_sha256``, added by ``save``);
   * ``tensorboard/``: scalars as they come, hparams at the end (``summaries``);
-  * ``predictions_{validation,test}.npz``, ``results.json``: written last.
+  * ``predictions_{validation,test}.npz``, ``results.json`` (with ``config_sha256``):
+    written last.
 
   Life of a run (``experiments/train.py``): ``preflight`` (reads and checks, writes
   nothing); ``lock``; ``write_config_and_fingerprint``; ``record_session``; the
