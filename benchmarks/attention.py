@@ -16,8 +16,11 @@ each call ended by ``block_until_ready``) of the forward and of forward+backward
   kernels of ``coulomb_jax.pallas_attention`` forward, the XLA path under
   ``grad`` (so its fwd+bwd is the fused one's plus nothing); Pallas interpret
   mode off the GPU, so only meaningful on a GPU (``--impls`` to add it);
-* ``softmax``: ``jax.nn.dot_product_attention`` (XLA; cuDNN flash on GPU when the
-  backend picks it), skipped above ``--softmax_max_len``;
+* ``softmax``: ``jax.nn.dot_product_attention(implementation='xla')`` (the L × L logits
+  materialised), skipped above ``--softmax_max_len``;
+* ``cudnn``: ``jax.nn.dot_product_attention(implementation='cudnn')``, cuDNN's flash
+  attention (GPU only, 16-bit inputs; elsewhere the row records the error), skipped
+  above ``--cudnn_max_len``;
 * ``causal`` (stored features, then ``attention.causal_linear_attention``) and
   ``pallas_causal`` (``pallas_attention.pallas_causal_linear_attention``): the
   causal (decoder) form, for ``--impls`` to add; ``fused_causal``
@@ -35,13 +38,19 @@ Memory: ``temp_mb`` is XLA's compiled temporary-buffer size of the
 forward+backward (``memory_analysis``, any backend: it is what grows with L
 beyond inputs and outputs), ``peak_mb`` the device's peak where the backend
 exposes it (GPU; cumulative over the process, so it never decreases), else null. Shapes B × L × H × D (defaults B = 4, H = 8,
-D = 64, M = 256). Writes ``attention.json`` and ``attention.md``.
+D = 64, M = 256). Writes ``attention.json`` and ``attention.md``, and each row to
+``attention_rows.jsonl`` as it finishes (with the commit: ``provenance.git_commit``, or
+``$COULOMB_JAX_COMMIT`` on a copy without ``.git``). ``--max_seconds`` stops starting new
+cases after that long, so the summary is written inside an outer ``timeout``. Each case
+compiles its forward and its forward+backward once (``lower().compile()``: the timed
+programs and the memory analysis are the same executables).
 """
 
 import datetime
 import functools
 import json
 import os
+import time
 
 from absl import app
 from absl import flags
@@ -66,6 +75,10 @@ _HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Head dimension D.')
 _FEATURES = flags.DEFINE_integer('num_features', 256, 'Particles / features M per head.')
 _SOFTMAX_MAX = flags.DEFINE_integer('softmax_max_len', 4096,
                                     'Skip softmax attention above this L (O(L²)).')
+_CUDNN_MAX = flags.DEFINE_integer('cudnn_max_len', 262144,
+                                  'Skip cuDNN flash attention above this L (O(L²) time).')
+_MAX_SECONDS = flags.DEFINE_float('max_seconds', 0.0, 'Start no new case after this many '
+                                  'seconds (0: no limit); the summary is still written.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per case (median reported).')
 _MAPS = flags.DEFINE_list('feature_maps', ['favor'], 'Feature maps of kernel attention.')
 _IMPLS = flags.DEFINE_list('impls', ['materialized', 'fused', 'softmax'], 'Implementations.')
@@ -95,9 +108,9 @@ def fused(feature_map, omega, q, k, v, implementation='xla'):
                                           implementation=implementation)
 
 
-def softmax(feature_map, omega, q, k, v):
+def softmax(feature_map, omega, q, k, v, implementation='xla'):
   del feature_map, omega
-  return jax.nn.dot_product_attention(q, k, v)
+  return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
 
 
 def causal(feature_map, omega, q, k, v):
@@ -122,6 +135,7 @@ def pallas_causal(feature_map, omega, q, k, v):
 
 IMPLS = {'materialized': materialized, 'fused': fused,
          'pallas': functools.partial(fused, implementation='pallas'), 'softmax': softmax,
+         'cudnn': functools.partial(softmax, implementation='cudnn'),
          'causal': causal, 'fused_causal': fused_causal, 'pallas_causal': pallas_causal}
 
 
@@ -131,12 +145,38 @@ def peak_mb():
   return None if peak is None else peak / 2**20
 
 
-def temp_mb(jitted, *args):
+def temp_mb(compiled):
   try:
-    analysis = jitted.lower(*args).compile().memory_analysis()
-    return analysis.temp_size_in_bytes / 2**20
+    return compiled.memory_analysis().temp_size_in_bytes / 2**20
   except Exception:  # pylint: disable=broad-except
     return None
+
+
+SOFTMAX_IMPLS = ('softmax', 'cudnn')   # no feature map, no particles
+
+
+def measure(fn, omega, q, k, v, repeats):
+  """Forward and forward+backward: each compiled once, timed, its memory analysed."""
+  loss = lambda o, a, b, c: jnp.sum(fn(o, a, b, c).astype(jnp.float32))
+  fwd = jax.jit(fn).lower(omega, q, k, v).compile()
+  bwd = jax.jit(jax.grad(loss, argnums=(1, 2, 3))).lower(omega, q, k, v).compile()
+  return bwd, dict(forward_ms=1e3 * median_seconds(fwd, omega, q, k, v, repeats=repeats),
+                   forward_backward_ms=1e3 * median_seconds(bwd, omega, q, k, v,
+                                                            repeats=repeats),
+                   temp_mb=temp_mb(bwd), peak_mb=peak_mb())
+
+
+def cases(lengths, sets):
+  """(L, impl, map, particles kind) in the order run: lengths outer, as given."""
+  for length in lengths:
+    for impl in _IMPLS.value:
+      if ((impl == 'softmax' and length > _SOFTMAX_MAX.value)
+          or (impl == 'cudnn' and length > _CUDNN_MAX.value)):
+        continue
+      for fmap in ['-'] if impl in SOFTMAX_IMPLS else _MAPS.value:
+        for kind in sets:
+          if impl not in SOFTMAX_IMPLS or kind == 'vanilla':
+            yield length, impl, fmap, kind
 
 
 def particles(key, learned):
@@ -158,6 +198,7 @@ def main(argv):
   # The commit of the code that runs, taken before this run writes anything: its
   # attention_rows.jsonl (tracked) would otherwise mark every run '-dirty'.
   commit = provenance.git_commit()
+  start = time.perf_counter()
   key = jax.random.key(0)
   os.makedirs(_OUT.value, exist_ok=True)
   sets = {'vanilla': particles(jax.random.fold_in(key, 1), False)}
@@ -165,47 +206,40 @@ def main(argv):
     sets['learned'] = particles(jax.random.fold_in(key, 1), True)
   rows = []
   for dtype in _DTYPES.value:
-    for length in map(int, _LENGTHS.value):
-      shape = (_BATCH.value, length, _HEADS.value, _HEAD_DIM.value)
-      q, k, v = (jax.random.normal(jax.random.fold_in(key, 10 + i), shape, dtype)
-                 for i in range(3))
-      for impl in _IMPLS.value:
-        if impl == 'softmax' and length > _SOFTMAX_MAX.value:
-          continue
-        maps = ['-'] if impl == 'softmax' else _MAPS.value
-        for fmap in maps:
-          for kind, omega in sets.items():
-            if impl == 'softmax' and kind == 'learned':
-              continue
-            fn = functools.partial(IMPLS[impl], fmap)
-            fwd = jax.jit(fn)
-            bwd = jax.jit(jax.grad(lambda o, a, b, c, f=fn: jnp.sum(f(o, a, b, c).astype(
-                jnp.float32)), argnums=(1, 2, 3)))
-            row = {'impl': impl, 'feature_map': fmap, 'particles': kind, 'dtype': dtype,
-                   'L': length}
-            try:
-              row.update(
-                  forward_ms=1e3 * median_seconds(fwd, omega, q, k, v, repeats=_REPEATS.value),
-                  forward_backward_ms=1e3 * median_seconds(bwd, omega, q, k, v,
-                                                           repeats=_REPEATS.value),
-                  temp_mb=temp_mb(bwd, omega, q, k, v), peak_mb=peak_mb())
-              if kind == 'learned' and _PAIRS.value:
-                row['learned_over_vanilla_paired'] = paired_ratio(
-                    bwd, (sets['vanilla'], q, k, v), (omega, q, k, v), pairs=_PAIRS.value)
-            except Exception as e:  # pylint: disable=broad-except
-              # Out of memory at large L (softmax): keep the row, record why, go on.
-              row.update(forward_ms=None, forward_backward_ms=None, temp_mb=None,
-                         peak_mb=peak_mb(), error=f'{type(e).__name__}: {str(e)[:200]}')
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            # One line per case as it finishes, so a killed run keeps what it measured.
-            with open(os.path.join(_OUT.value, 'attention_rows.jsonl'), 'a') as f:
-              f.write(json.dumps(row) + '\n')
+    inputs = {}
+    for length, impl, fmap, kind in cases(map(int, _LENGTHS.value), sets):
+      if _MAX_SECONDS.value and time.perf_counter() - start > _MAX_SECONDS.value:
+        print(f'--max_seconds={_MAX_SECONDS.value} reached: no new case.', flush=True)
+        break
+      if length not in inputs:
+        shape = (_BATCH.value, length, _HEADS.value, _HEAD_DIM.value)
+        inputs = {length: [jax.random.normal(jax.random.fold_in(key, 10 + i), shape, dtype)
+                           for i in range(3)]}
+      q, k, v = inputs[length]
+      omega = sets[kind]
+      row = {'impl': impl, 'feature_map': fmap, 'particles': kind, 'dtype': dtype,
+             'L': length, 'commit': commit}
+      try:
+        bwd, timings = measure(functools.partial(IMPLS[impl], fmap), omega, q, k, v,
+                               _REPEATS.value)
+        row.update(timings)
+        if kind == 'learned' and _PAIRS.value:
+          row['learned_over_vanilla_paired'] = paired_ratio(
+              bwd, (sets['vanilla'], q, k, v), (omega, q, k, v), pairs=_PAIRS.value)
+      except Exception as e:  # pylint: disable=broad-except
+        # Out of memory at large L (softmax), no cuDNN off the GPU: keep the row, say why.
+        row.update(forward_ms=None, forward_backward_ms=None, temp_mb=None,
+                   peak_mb=peak_mb(), error=f'{type(e).__name__}: {str(e)[:200]}')
+      rows.append(row)
+      print(json.dumps(row), flush=True)
+      # One line per case as it finishes, so a killed run keeps what it measured.
+      with open(os.path.join(_OUT.value, 'attention_rows.jsonl'), 'a') as f:
+        f.write(json.dumps(row) + '\n')
 
   index = {(r['impl'], r['feature_map'], r['particles'], r['dtype'], r['L']): r for r in rows}
   num = lambda r, f, p=2: '–' if r is None or r.get(f) is None else f'{r[f]:.{p}f}'
   impls = list(_IMPLS.value)
-  kernel_impls = [i for i in impls if i != 'softmax']
+  kernel_impls = [i for i in impls if i not in SOFTMAX_IMPLS]
   lines = ['| dtype | map | L | ' + ' | '.join(f'{i} fwd / fwd+bwd (ms)' for i in impls)
            + ' | temp MB ' + ' / '.join(impls) + ' | learned ÷ vanilla (fwd+bwd) '
            + ' / '.join(kernel_impls) + ' |', '|---' * (len(impls) + 5) + '|']
@@ -213,7 +247,7 @@ def main(argv):
     for fmap in _MAPS.value:
       for length in map(int, _LENGTHS.value):
         get = lambda i, kind='vanilla': index.get(
-            (i, '-' if i == 'softmax' else fmap, kind, dtype, length))
+            (i, '-' if i in SOFTMAX_IMPLS else fmap, kind, dtype, length))
         ratios = []
         for impl in kernel_impls:
           lr, va = get(impl, 'learned'), get(impl)
@@ -233,8 +267,8 @@ def main(argv):
   print(table)
   flag_text = ' '.join(f'--{f.name}={",".join(f.value) if isinstance(f.value, list) else f.value}'
                        for f in (_LENGTHS, _DTYPES, _BATCH, _HEADS, _HEAD_DIM, _FEATURES,
-                                 _SOFTMAX_MAX, _REPEATS, _MAPS, _IMPLS, _CHUNK, _LEARNED,
-                                 _PAIRS))
+                                 _SOFTMAX_MAX, _CUDNN_MAX, _REPEATS, _MAPS, _IMPLS, _CHUNK,
+                                 _LEARNED, _PAIRS, _MAX_SECONDS))
   record = {'benchmark': 'attention', 'command': f'python -m benchmarks.attention {flag_text}',
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': commit, 'machine': provenance.machine(), 'rows': rows}
