@@ -111,10 +111,10 @@ def test_fused_linear_attention_dispatch():
   q, k, v, omega, mask = _inputs(jax.random.key(7))
   ref = _xla(q, k, v, omega, mask, 'elu')
   via = attention.fused_linear_attention(q, k, v, omega, feature_map='elu', key_mask=mask,
-                                         implementation='pallas')
+                                         implementation='pallas', precision='highest')
   np.testing.assert_allclose(via, ref, rtol=2e-5, atol=2e-6)
   auto = attention.fused_linear_attention(q, k, v, omega, feature_map='elu', key_mask=mask,
-                                          chunk_size=16)
+                                          chunk_size=16, precision='highest')
   if ON_GPU:
     np.testing.assert_allclose(auto, ref, rtol=2e-5, atol=2e-6)
   else:
