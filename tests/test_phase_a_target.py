@@ -59,13 +59,14 @@ def test_softmax_objective_value_and_gradient_equal_brute_force():
   params, inputs, mask = _case()
   q, k = inputs[PATH]
   mask_np = np.asarray(mask)
-  h, aux = phase_a_mimicry.phase_a_mimicry_objective(params, inputs, mask, **KW)
+  objective = jax.jit(lambda p: phase_a_mimicry.phase_a_mimicry_objective(p, inputs, mask, **KW))
+  h, aux = objective(params)
   omega = np.asarray(params['attention_0']['particles'], np.float64)
   f = lambda w: _brute_force(w, q, k, mask_np, 0.3, 1.0, 0.5)
   assert float(h) == pytest.approx(f(omega), rel=1e-5)
   assert float(aux['cross_entropy']) == pytest.approx(_brute_force(
       omega, q, k, mask_np, 0.0, 1.0, 0.5), rel=1e-5)
-  grad = jax.grad(lambda p: phase_a_mimicry.phase_a_mimicry_objective(p, inputs, mask, **KW)[0])(params)
+  grad = jax.jit(jax.grad(lambda p: objective(p)[0]))(params)
   numeric = np.zeros_like(omega)
   for i in np.ndindex(*omega.shape):          # central differences in float64
     e = np.zeros_like(omega)
@@ -73,11 +74,11 @@ def test_softmax_objective_value_and_gradient_equal_brute_force():
     numeric[i] = (f(omega + e) - f(omega - e)) / 2e-6
   np.testing.assert_allclose(grad['attention_0']['particles'], numeric, rtol=2e-4, atol=1e-5)
   # The forces split ∇H = ∇CE + λ∇W, and the labels play no part.
-  forces = phase_a_mimicry.phase_a_mimicry_forces(params, inputs, mask, **KW)
-  np.testing.assert_allclose(forces['hamiltonian'][PATH], grad['attention_0']['particles'], rtol=1e-5,
-                             atol=1e-7)
+  forces = jax.jit(lambda p: phase_a_mimicry.phase_a_mimicry_forces(p, inputs, mask, **KW))(params)
+  want = grad['attention_0']['particles']
+  np.testing.assert_allclose(forces['hamiltonian'][PATH], want, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(forces['cross_entropy'][PATH] + 0.3 * forces['repulsion'][PATH],
-                             grad['attention_0']['particles'], rtol=1e-5, atol=1e-7)
+                             want, rtol=1e-5, atol=1e-7)
 
 
 def test_padding_changes_neither_the_objective_nor_its_gradient():
@@ -94,17 +95,20 @@ def test_padding_changes_neither_the_objective_nor_its_gradient():
   padded_mask = phase_a_mimicry.token_mask(batch)
   assert not np.any(np.asarray(padded_mask)[2])
   value = lambda p, i, mk: phase_a_mimicry.phase_a_mimicry_objective(p, i, mk, **KW)[0]
-  v0, g0 = jax.value_and_grad(value)(params, inputs, mask)
-  v1, g1 = jax.value_and_grad(value)(params, padded, padded_mask)
+  value_and_grad = jax.jit(jax.value_and_grad(value))
+  v0, g0 = value_and_grad(params, inputs, mask)
+  v1, g1 = value_and_grad(params, padded, padded_mask)
   assert float(v1) == pytest.approx(float(v0), rel=1e-6)
-  np.testing.assert_allclose(g1['attention_0']['particles'], g0['attention_0']['particles'], rtol=1e-5,
-                             atol=1e-7)
-  kl0 = phase_a_mimicry.heldout_attention_kl(params, inputs, mask, feature_map='favor')[PATH]
-  kl1 = phase_a_mimicry.heldout_attention_kl(params, padded, padded_mask, feature_map='favor')[PATH]
+  np.testing.assert_allclose(g1['attention_0']['particles'], g0['attention_0']['particles'],
+                             rtol=1e-5, atol=1e-7)
+  heldout = jax.jit(lambda p, i, mk: phase_a_mimicry.heldout_attention_kl(
+      p, i, mk, feature_map='favor'))
+  kl0 = heldout(params, inputs, mask)[PATH]
+  kl1 = heldout(params, padded, padded_mask)[PATH]
   np.testing.assert_allclose(kl1, kl0, rtol=1e-5)
   # Without padding the held-out KL is mimicry.attention_kl of each head.
   full = jnp.ones_like(mask)
-  kl = phase_a_mimicry.heldout_attention_kl(params, inputs, full, feature_map='favor')[PATH]
+  kl = heldout(params, inputs, full)[PATH]
   for h in range(2):
     assert float(kl[h]) == pytest.approx(float(mimicry.attention_kl(
         q[:, :, h], k[:, :, h], params['attention_0']['particles'][h], 'favor')), rel=1e-5)
@@ -117,13 +121,17 @@ def test_the_potential_is_the_first_variation_of_the_cross_entropy():
   q, k = (jnp.asarray(x[:, :, 0]) for x in inputs[PATH])
   omega = params['attention_0']['particles'][0]
   u = lambda p: jnp.sum(phase_a_mimicry._head_potentials(p, omega, q, k, mask, 'favor'))
-  ce = lambda w: phase_a_mimicry._query_mean(mimicry.attention_cross_entropy, w, q, k, mask, 'favor')
-  np.testing.assert_allclose(jax.grad(u)(omega), 4 * jax.grad(ce)(omega), rtol=1e-4, atol=1e-6)
+  ce = lambda w: phase_a_mimicry._query_mean(mimicry.attention_cross_entropy, w, q, k, mask,
+                                             'favor')
+  np.testing.assert_allclose(jax.jit(jax.grad(u))(omega), 4 * jax.jit(jax.grad(ce))(omega),
+                             rtol=1e-4, atol=1e-6)
   # Mean of U over the particles is 0: the linear attention's rows sum to 1.
-  assert float(jnp.mean(phase_a_mimicry._head_potentials(omega, omega, q, k, mask, 'favor'))) == (
-      pytest.approx(0.0, abs=1e-5))
-  pots = phase_a_mimicry.phase_a_mimicry_potentials(jax.random.key(0), params, inputs, mask,
-                                             feature_map='favor', radius=1.5, num_probes=10)
+  mean_u = jnp.mean(jax.jit(phase_a_mimicry._head_potentials, static_argnums=5)(
+      omega, omega, q, k, mask, 'favor'))
+  assert float(mean_u) == pytest.approx(0.0, abs=1e-5)
+  pots = jax.jit(lambda key, p: phase_a_mimicry.phase_a_mimicry_potentials(
+      key, p, inputs, mask, feature_map='favor', radius=1.5, num_probes=10))(
+          jax.random.key(0), params)
   assert pots[PATH].shape == (2, 4 + 10) and np.all(np.isfinite(pots[PATH]))
 
 
