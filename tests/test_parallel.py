@@ -76,7 +76,9 @@ _SCRIPT = textwrap.dedent('''
         ref = cj.langevin_step(key, omega, grad, step_size=0.05, beta=kw['beta'],
                                radius=kw['radius'], clip_norm=kw['clip_norm'])
         mesh = jax.make_mesh((8,), ('p',), axis_types=(AxisType.Explicit,))
-        out = parallel.langevin_step_on_mesh(key, omega, x, y, mesh=mesh, axis_name='p', **kw)
+        # Jitted: the same trace (where the dtypes mixed) in one compile, not op by op.
+        out = jax.jit(lambda k, w: parallel.langevin_step_on_mesh(
+            k, w, x, y, mesh=mesh, axis_name='p', **kw))(key, omega)
         assert out.dtype == jnp.float32
         err = float(jnp.max(jnp.abs(out - ref)))
         assert err < 1e-5, ('x64', err)
