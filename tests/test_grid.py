@@ -38,7 +38,7 @@ def test_dataset_scoped_overrides():
 
 def test_runs_in_parallel_and_logs(tmp_path):
   # Each run logs when it starts and ends; run at once, the four intervals overlap.
-  code = ('import time; print(time.time()); time.sleep(2.0); print(time.time()); '
+  code = ('import time; print(time.time()); time.sleep(1.0); print(time.time()); '
           'print("run {}")')
   runs = [(str(tmp_path / f'r{i}'), _py(code.format(i))) for i in range(4)]
   assert grid.run_all(runs, jobs=4, poll_s=0.05) == []
@@ -69,11 +69,11 @@ def test_limits_stop_starting_and_end_running_runs(tmp_path):
 
 
 def test_a_run_that_fails_by_itself_near_the_kill_limit_counts_as_failed(tmp_path):
-  # One poll every 3 s: 'crash' exits by itself long before the first poll, which
-  # comes after the 1 s limit and terminates only 'long' (resumable, not failed).
+  # One poll every 1.5 s: 'crash' exits by itself long before the first poll, which
+  # comes after the 0.5 s limit and terminates only 'long' (resumable, not failed).
   runs = [(str(tmp_path / 'long'), _py('import time; time.sleep(60)')),
           (str(tmp_path / 'crash'), _py('raise SystemExit(2)'))]
-  failed = grid.run_all(runs, jobs=2, kill_after_s=1, poll_s=3.0)
+  failed = grid.run_all(runs, jobs=2, kill_after_s=0.5, poll_s=1.5)
   assert failed == [str(tmp_path / 'crash')]
 
 
