@@ -236,3 +236,18 @@ def test_precision_reaches_every_product_of_kernels_and_xla(path):
   with pytest.raises(ValueError, match=r"^precision must be None, a jax.lax.Precision or one "
                                        r"of \('default', 'high', 'highest'\), got 'fp32'"):
     attention.fused_linear_attention(q, q, q, omega, precision='fp32')
+
+
+def test_platform_choice_under_vmap():
+  # vmap batches every branch of the platform switch, the refusals included.
+  q, omega = _qo()
+  qs = jnp.stack([q, 2.0 * q])                                 # [2, B, L, H, d]
+  f = jax.vmap(lambda q: pallas_attention.pallas_linear_attention(q, q, q, omega,
+                                                                  feature_map='elu'))
+  want = jax.vmap(lambda q: attention.fused_linear_attention(
+      q, q, q, omega, feature_map='elu', implementation='xla'))(qs)
+  if ON_CPU:
+    assert jnp.allclose(jax.jit(f)(qs), want, rtol=2e-5, atol=2e-6)
+  assert '__gpu$xla.gpu.triton' in _lower(f, qs, platform='cuda')
+  with pytest.raises(ValueError, match='cannot be lowered for TPU'):
+    _lower(f, qs, platform='tpu')

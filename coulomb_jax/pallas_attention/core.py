@@ -22,6 +22,7 @@ from typing import Optional
 
 import jax
 from jax.extend import core as jax_core
+from jax.interpreters import batching
 from jax.interpreters import mlir
 import jax.numpy as jnp
 
@@ -121,10 +122,14 @@ _refuse_p.def_abstract_eval(lambda x, *, message: x)
 
 def _refuse_lowering(ctx, x, *, message):
   del x
-  raise ValueError(f'{message} (lowering for {", ".join(ctx.module_context.platforms)}).')
+  platforms = getattr(getattr(ctx, 'module_context', None), 'platforms', None) or ('?',)
+  raise ValueError(f'{message} (lowering for {", ".join(platforms)}).')
 
 
 mlir.register_lowering(_refuse_p, _refuse_lowering)
+# Under vmap every branch of the platform switch is batched, the refusal too.
+batching.primitive_batchers[_refuse_p] = (
+    lambda args, dims, *, message: (_refuse_p.bind(*args, message=message), dims[0]))
 
 
 def _refusal(out, message):
