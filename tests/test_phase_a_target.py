@@ -235,3 +235,13 @@ def test_labels_stay_the_default_target():
   from configs import text
   for variant in ('kernel-favor', 'kernel-elu,learn', 'vanilla-favor,quick', 'softmax'):
     assert text.get_text_config('sst2', variant).phase_a.target == 'labels'
+
+
+def test_a_run_saved_before_the_field_existed_resumes_as_labels():
+  from experiments.run import run_folder  # pylint: disable=g-import-not-at-top
+  from experiments.run import run_identity  # pylint: disable=g-import-not-at-top
+  config = _config(**{'phase_a.target': 'labels'})
+  saved = run_folder.saved_config(config)
+  del saved['phase_a']['target']
+  assert run_folder.with_added_fields(saved) == run_folder.saved_config(config)
+  assert run_identity.config_digest(saved) == run_identity.digest_of(config)

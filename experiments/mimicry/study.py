@@ -190,7 +190,8 @@ def run_conversion(config, encoder, seed, out_dir, log: Callable = print) -> dic
   def both(model):
     zero = conversion.evaluate(model, encoder.params, test)
     tuned = conversion.finetune(key, model, encoder.params, train_rows, seed=seed,
-                                batch_size=c.batch_size, learning_rate=c.learning_rate)
+                                batch_size=c.batch_size, learning_rate=c.learning_rate,
+                                pad_multiple=c.pad_multiple)
     return {'zero_shot': zero, 'finetuned': conversion.evaluate(model, tuned, test)}
 
   start = time.time()

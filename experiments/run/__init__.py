@@ -3,7 +3,8 @@
 ``train_config`` (which configs are accepted, the data folder), ``train_flags`` (the
 command line, ``--list_fields``), ``run_folder`` (``RunFolder``: the workdir, every
 file of it, preflight checks, lock; it opens the checkpoints and the TensorBoard
-writer), ``checkpoints`` (orbax save/restore, the Phase B prefix), ``sharding``
+writer), ``run_identity`` (the config digest every checkpoint, stage file and
+``results.json`` carries, and the checks against it), ``checkpoints`` (orbax save/restore, the Phase B prefix), ``sharding``
 (the data mesh), ``summaries`` (TensorBoard); the stages: ``stages`` (``Run``, what
 every stage shares, and Ball-X's projection), ``phase_a`` (Kernel-X's Langevin stage
 and what it records about its dynamics), ``phase_b`` (AdamW epochs, model selection)

@@ -49,10 +49,11 @@ from coulomb_jax import phase_a_mimicry
 from coulomb_jax import training
 from experiments.run import evaluation
 from experiments.run import run_folder
+from experiments.run import run_identity
 from experiments.run import stages
 from experiments.run.stages import f32, i32
 
-STAGES_FILE = 'phase_a_stages.json'
+STAGES_FILE = run_identity.STAGES
 # What the stage summary of a softmax-target stage says instead of the null's results.
 NULL_SKIPPED = ('shuffled-label null not run: the softmax target uses no labels, so it '
                 'would be the same run')

@@ -65,7 +65,7 @@ def stored_files(path):
 
 # Config fields added after runs were started, with the value that reproduces what
 # those runs did: a config.json without the field resumes as having this value.
-_ADDED_FIELDS = {('data', 'validation_rule'): 'rows'}
+_ADDED_FIELDS = {('data', 'validation_rule'): 'rows', ('phase_a', 'target'): 'labels'}
 
 
 def saved_config(config):
