@@ -95,15 +95,16 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
     eps: denominator guard, > 0.
     implementation: ``'xla'`` (the chunked path above,
       ``attention_core.xla_fused_linear_attention``), ``'pallas'``
-      (``pallas_attention.pallas_linear_attention``: two GPU kernels for the
-      forward pass, interpret mode elsewhere; ``chunk_size`` unused) or
+      (``pallas_attention.pallas_linear_attention``: two kernels for the forward pass,
+      Triton for cuda, Mosaic for tpu, interpret mode elsewhere; ``chunk_size`` unused) or
       ``'auto'``: decided by the platform the program is lowered for
       (``jax.lax.platform_dependent``), not by the host: the kernels for cuda when the
       map and shape suit them (``pallas_attention.shape_supported``: M a multiple of
       64, d and D powers of two ≥ 16; and, on a GPU host,
       ``pallas_attention.use_by_default``: one device, kernels that compile), ``'xla'``
-      for CPU, TPU (the kernels are Triton's; ``'pallas'`` lowered for tpu is a
-      ValueError) and everything else.
+      for CPU, TPU and everything else. (``'pallas'`` lowered for tpu takes the Mosaic
+      kernels of ``pallas_attention.tpu`` for six maps, never run on a TPU, which is
+      why ``'auto'`` does not; for softmaxfeat it is a ValueError.)
     precision: of every matrix product (``linear_attention``'s argument; None: the
       backend's default, TF32 for float32 on recent NVIDIA GPUs, bf16 passes on TPU).
   """

@@ -288,6 +288,9 @@ def test_every_path_is_the_exact_kernel_ratio_at_norms_1_8_40(name):
       'pallas': lambda *a: pallas_attention.pallas_linear_attention(
           *a, feature_map=name, key_mask=mask, interpret=True),
   }
+  if name in pallas_attention.TPU_FEATURE_MAPS:   # the Mosaic kernels, interpreted
+    paths['pallas_tpu'] = lambda *a: pallas_attention.tpu.tpu_kernels(
+        *a, mask, name=name, eps=attention.DEFAULT_EPS, interpret=True, precision=None)
   real = np.asarray(mask)[:, :, None, None]
   # Float32 rounding of log-features of size ~‖x‖²/2 (favor, porf_softplus) moves the
   # weights by ~1e-7·‖x‖²; |v| ≲ 3.

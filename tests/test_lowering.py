@@ -3,11 +3,12 @@ for ``cuda`` and ``tpu`` without a device
 (``jax.jit(f).trace(*args).lower(lowering_platforms=(p,))``; nothing is compiled), and
 the attention kernels are chosen by the platform lowered for, not the host: ``'auto'``
 is Triton for cuda and XLA for cpu and tpu; the Pallas kernels (``interpret=None``)
-are compiled for cuda, interpreted for cpu and a one-line ValueError for tpu; shapes
-Triton cannot compile are refused before lowering; ``precision`` reaches every product.
+are Triton for cuda, interpreted for cpu, and for tpu the Mosaic kernels
+(``pallas_attention.tpu``: bidirectional, six maps) or a one-line ValueError (softmaxfeat,
+the causal kernel); shapes Triton cannot compile are refused before lowering;
+``precision`` reaches every product.
 
-Not yet covered here: the sharded step on an abstract mesh, Phase A/B steps, predict.
-No TPU (Mosaic) kernel exists: ``'pallas'`` on tpu is the refusal tested below."""
+Not yet covered here: the sharded step on an abstract mesh, Phase A/B steps, predict."""
 
 import jax
 from jax.extend import core as jax_core
@@ -134,27 +135,49 @@ def test_causal_auto_is_the_kernel_for_cuda_and_xla_for_cpu_and_tpu():
 
 
 PALLAS = {
-    'bidirectional': lambda q, om: attention.fused_linear_attention(
-        q, q, q, om, feature_map='elu', implementation='pallas'),
-    'causal': lambda q, om: attention.fused_causal_linear_attention(
-        q, q, q, om, feature_map='elu', implementation='pallas'),
+    'bidirectional': lambda name: lambda q, om: attention.fused_linear_attention(
+        q, q, q, om, feature_map=name, implementation='pallas'),
+    'causal': lambda name: lambda q, om: attention.fused_causal_linear_attention(
+        q, q, q, om, feature_map=name, implementation='pallas'),
 }
+TPU_REFUSALS = [   # (path, map, why): the calls without a TPU kernel
+    ('bidirectional', 'softmaxfeat', r"the TPU kernels compute \('favor', 'elu', 'softplus', "
+                                     r"'sigmoid2', 'cos2', 'porf_softplus'\): softmaxfeat's"),
+    ('causal', 'elu', r'the causal kernel is Triton only'),
+]
 
 
 @pytest.mark.parametrize('path', sorted(PALLAS))
-def test_pallas_is_compiled_for_cuda_interpreted_for_cpu_and_refused_for_tpu(path):
-  f = PALLAS[path]
+def test_pallas_is_compiled_for_cuda_and_interpreted_for_cpu(path):
+  f = PALLAS[path]('elu')
   q, omega = _qo()
   assert '__gpu$xla.gpu.triton' in _lower(f, q, omega, platform='cuda')
   assert 'triton' not in _lower(f, q, omega, platform='cpu')      # interpret mode
-  name = 'pallas_causal_linear_attention' if path == 'causal' else 'pallas_linear_attention'
-  with pytest.raises(ValueError, match=(rf"^{name}\(feature_map='elu'\): the Pallas kernels "
-                                        r"are Triton \(GPU\) kernels and cannot be lowered "
-                                        r"for TPU; use implementation='xla' or 'auto'")):
-    _lower(f, q, omega, platform='tpu')
   # Gradients are the XLA path's: they lower for tpu too.
   grad = jax.grad(lambda q, om: f(q, om).sum(), argnums=(0, 1))
-  assert 'triton' not in _lower(grad, q, omega, platform='tpu')
+  text = _lower(grad, q, omega, platform='tpu')
+  assert 'triton' not in text and 'tpu_custom_call' not in text
+
+
+def test_pallas_bidirectional_is_the_mosaic_kernels_for_tpu():
+  q, omega = _qo()
+  for name in pallas_attention.TPU_FEATURE_MAPS:
+    text = _lower(PALLAS['bidirectional'](name), q, omega, platform='tpu')
+    assert text.count('tpu_custom_call') == 2 and 'triton' not in text, name
+  bf16 = _lower(PALLAS['bidirectional']('favor'), q.astype(jnp.bfloat16), omega,
+                platform='tpu')
+  assert bf16.count('tpu_custom_call') == 2
+
+
+@pytest.mark.parametrize('path, name, why', TPU_REFUSALS, ids=[r[0] for r in TPU_REFUSALS])
+def test_pallas_without_a_tpu_kernel_is_one_error_for_tpu(path, name, why):
+  q, omega = _qo()
+  call = 'pallas_causal_linear_attention' if path == 'causal' else 'pallas_linear_attention'
+  with pytest.raises(ValueError, match=(rf"^{call}\(feature_map='{name}'\): no TPU kernel "
+                                        rf"\({why}.*\); use implementation='xla' or 'auto' "
+                                        r"\(XLA on TPU\), or interpret=True \(lowering for "
+                                        r"tpu\)\.$")):
+    _lower(PALLAS[path](name), q, omega, platform='tpu')
 
 
 def test_interpret_explicit_overrides_the_platform():
@@ -249,5 +272,8 @@ def test_platform_choice_under_vmap():
   if ON_CPU:
     assert jnp.allclose(jax.jit(f)(qs), want, rtol=2e-5, atol=2e-6)
   assert '__gpu$xla.gpu.triton' in _lower(f, qs, platform='cuda')
-  with pytest.raises(ValueError, match='cannot be lowered for TPU'):
-    _lower(f, qs, platform='tpu')
+  assert 'tpu_custom_call' in _lower(f, qs, platform='tpu')
+  soft = jax.vmap(lambda q: pallas_attention.pallas_linear_attention(
+      q, q, q, omega, feature_map='softmaxfeat'))
+  with pytest.raises(ValueError, match='no TPU kernel'):
+    _lower(soft, qs, platform='tpu')

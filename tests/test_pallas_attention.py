@@ -20,6 +20,7 @@ from coulomb_jax import attention
 from coulomb_jax import pallas_attention as pa
 from coulomb_jax.pallas_attention import bidirectional
 from coulomb_jax.pallas_attention import causal
+from coulomb_jax.pallas_attention import tpu
 
 B, L, H, DIM, D, M = 2, 45, 2, 16, 16, 32   # Sides ≥ 16: Triton's smallest dot.
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -279,3 +280,40 @@ def test_every_path_agrees_at_precision_highest(name):
   for path, out in causal_paths.items():
     np.testing.assert_allclose(_real(out, mask), _real(causal_paths['xla'], mask), rtol=2e-5,
                                atol=2e-6, err_msg=path)
+
+
+# ---- the TPU (Mosaic) kernels, in interpret mode (what pallas_linear_attention runs when
+# lowered for tpu; never run on a TPU). tests/test_lowering.py lowers them for tpu.
+
+def _tpu(q, k, v, omega, mask, name, eps=attention.DEFAULT_EPS):
+  return tpu.tpu_kernels(q, k, v, omega, mask, name=name, eps=eps, interpret=True,
+                         precision=HIGHEST)
+
+
+@pytest.mark.parametrize('name', pa.TPU_FEATURE_MAPS)
+def test_tpu_kernels_equal_xla_path(name):
+  q, k, v, omega, mask = _inputs(jax.random.key(17))
+  np.testing.assert_allclose(_tpu(q, k, v, omega, mask, name), _xla(q, k, v, omega, mask, name),
+                             rtol=2e-5, atol=2e-6)
+
+
+def test_tpu_kernels_large_logits_padding_and_empty_rows():
+  q, k, v, omega, mask = _inputs(jax.random.key(18), scale=3.0)    # exponents up to ~±60
+  out = _tpu(q, k, v, omega, mask, 'favor')
+  assert np.all(np.isfinite(out))
+  np.testing.assert_allclose(out, _xla(q, k, v, omega, mask, 'favor'), rtol=1e-4, atol=1e-5)
+  # NaN in padded values is never read; a row without real keys gives zeros.
+  v_nan = jnp.where(mask[:, :, None, None], v, jnp.nan)
+  empty = mask.at[1].set(False)
+  out = _tpu(q, k, v_nan, omega, empty, 'elu')
+  np.testing.assert_array_equal(out[1], 0.0)
+  np.testing.assert_allclose(out[0], _xla(q, k, v, omega, empty, 'elu')[0], rtol=2e-5,
+                             atol=2e-6)
+  # bf16 inputs: bf16 out, no NaN, close to float32 on the same rounded inputs.
+  bf = lambda a: a.astype(jnp.bfloat16)
+  out = _tpu(bf(q / 3), bf(k / 3), bf(v), omega, mask, 'softplus')
+  assert out.dtype == jnp.bfloat16
+  f32 = lambda a: bf(a).astype(jnp.float32)
+  np.testing.assert_allclose(np.asarray(out, np.float32),
+                             _xla(f32(q / 3), f32(k / 3), f32(v), omega, mask, 'softplus'),
+                             rtol=0.05, atol=0.05)

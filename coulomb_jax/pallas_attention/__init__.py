@@ -20,15 +20,16 @@ and evaluation.
 Written against the Triton backend of ``jax.experimental.pallas``. ``interpret=None``
 (the default) is decided by the platform the program is lowered for, not the host
 (``jax.lax.platform_dependent``): the compiled kernels for cuda, Pallas interpret mode
-(float32 dots) for cpu, and for tpu a ValueError naming the call and the map (these are
-Triton kernels; there is no Mosaic TPU kernel: ``attention``'s ``'auto'`` takes XLA
-there). Compiled, every matrix side (head dims, blocks, chunk) must be a power of two
+(float32 dots) for cpu, and for tpu the bidirectional Mosaic kernels of ``tpu`` (the
+six maps of ``TPU_FEATURE_MAPS``; never run on a TPU) or, for softmaxfeat and the causal
+kernel, a ValueError naming the call and the map (``attention``'s ``'auto'`` takes XLA on
+TPU). Compiled, every matrix side (head dims, blocks, chunk) must be a power of two
 ≥ 16; other sizes are refused with a ValueError naming the value before lowering
 (``core.triton_problem``). ``precision`` reaches every product, kernels included.
 
 Layout: this package is the public module; it re-exports the names above from
 ``bidirectional`` (the key and query kernels, ``use_by_default``, ``shape_supported``) and ``causal``
-(the chunked kernel), and both build on ``core``: the feature maps, the float32
+(the chunked kernel), with ``tpu`` the bidirectional Mosaic kernels, and all build on ``core``: the feature maps, the float32
 dots, the input plumbing, the checked block sizes and Triton shape rules, the
 interpret decision by platform and the kernels-forward / XLA-backward wrapper.
 """
@@ -37,3 +38,4 @@ from coulomb_jax.pallas_attention.bidirectional import (pallas_linear_attention,
                                                      use_by_default)
 from coulomb_jax.pallas_attention.causal import pallas_causal_linear_attention
 from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS
+from coulomb_jax.pallas_attention.tpu import TPU_FEATURE_MAPS

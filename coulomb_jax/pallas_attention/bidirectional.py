@@ -53,6 +53,7 @@ from coulomb_jax import _checks
 from coulomb_jax import attention_core
 from coulomb_jax import features
 from coulomb_jax.pallas_attention import core
+from coulomb_jax.pallas_attention import tpu
 from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS
 
 
@@ -250,8 +251,15 @@ def _forward(q, k, v, omega, key_mask, *, interpret, problem, **options):
   run = lambda interp, q, k, v, omega, *m: _kernels(
       q, k, v, omega, m[0] if m else None, interpret=interp, **options)
   out = jax.ShapeDtypeStruct(v.shape, v.dtype)
+  tpu_run = None
+  if options['name'] in tpu.TPU_FEATURE_MAPS:
+    tpu_run = lambda interp, q, k, v, omega, *m: tpu.tpu_kernels(
+        q, k, v, omega, m[0] if m else None, name=options['name'], eps=options['eps'],
+        interpret=interp, precision=options['precision'])
   return core.by_platform(run, (q, k, v, omega) + masks, out, interpret,
-                          f'pallas_linear_attention(feature_map={options["name"]!r})', problem)
+                          f'pallas_linear_attention(feature_map={options["name"]!r})', problem,
+                          tpu_run, f'the TPU kernels compute {tpu.TPU_FEATURE_MAPS}: '
+                          f'softmaxfeat\'s per-row softmax couples the features')
 
 
 def _kernels(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_splits, eps,
@@ -356,9 +364,9 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
     eps: denominator guard.
     interpret: True: Pallas interpret mode (plain XLA ops, any platform); False: the
       compiled Triton kernels (cuda only); None (default): decided by the platform the
-      program is lowered for, not the host (``jax.lax.platform_dependent``): compiled
-      for cuda, interpreted for cpu, a ValueError for tpu (no TPU kernel: use
-      ``fused_linear_attention(implementation='auto')``, XLA there).
+      program is lowered for, not the host (``jax.lax.platform_dependent``): the Triton
+      kernels for cuda, the Mosaic kernels of ``pallas_attention.tpu`` for tpu (six maps,
+      never run on a TPU; softmaxfeat: a ValueError), interpreted for cpu.
     num_warps, num_stages: Triton launch parameters.
     precision: of every matrix product, kernels and (under ``grad``) the XLA path
       alike (``attention.linear_attention``'s argument: None = the backend's default,

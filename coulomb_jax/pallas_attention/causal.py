@@ -126,7 +126,8 @@ def _causal_forward(q, k, v, omega, key_mask, *, interpret, problem, **options):
       q, k, v, omega, m[0] if m else None, interpret=interp, **options)
   out = jax.ShapeDtypeStruct(v.shape, v.dtype)
   what = f'pallas_causal_linear_attention(feature_map={options["name"]!r})'
-  return core.by_platform(run, (q, k, v, omega) + masks, out, interpret, what, problem)
+  return core.by_platform(run, (q, k, v, omega) + masks, out, interpret, what, problem,
+                          no_tpu_kernel='the causal kernel is Triton only')
 
 
 def _causal_kernel_call(q, k, v, omega, key_mask, *, name, chunk, block_f, eps, interpret,

@@ -10,8 +10,9 @@
   (``block_f`` defaults to gcd(M, 64)) and Triton's shape rules (every matrix side a
   power of two ≥ 16), checked before anything is lowered;
 * ``by_platform``: interpret mode or the compiled kernels, decided by the platform the
-  program is lowered for (``interpret=None``: compiled for cuda, interpreted for cpu
-  and the rest, a one-line error for tpu), not by the host;
+  program is lowered for (``interpret=None``: Triton for cuda, the Mosaic kernels of
+  ``tpu`` for tpu or a one-line error where there are none, interpreted for cpu and the
+  rest), not by the host;
 * ``with_xla_gradients``: the kernels when evaluated, the XLA path under ``grad``
   (the kernels have no backward).
 """
@@ -143,7 +144,7 @@ def check_compilable(interpret, what, problem) -> None:
     raise ValueError(f'{what}: {problem}; interpret=True runs any size.')
 
 
-def by_platform(run, args, out, interpret, what, problem):
+def by_platform(run, args, out, interpret, what, problem, tpu_run=None, no_tpu_kernel=None):
   """``run(interpret, *args)`` with the interpret decision made by the lowering platform.
 
   * ``interpret=True``: interpret mode everywhere (plain XLA ops; slow, any platform).
@@ -151,9 +152,10 @@ def by_platform(run, args, out, interpret, what, problem):
     lowering for anything but cuda raises a ValueError naming ``what``.
   * ``interpret=None``: decided by ``jax.lax.platform_dependent``, so by the platform
     the program is lowered for, not the host: compiled for cuda (``problem``, a broken
-    shape rule, raised when lowered for cuda), a one-line error for tpu (these are
-    Triton kernels; ``attention.fused_linear_attention(implementation='auto')`` takes
-    XLA there), and interpret mode for cpu and every other platform.
+    shape rule, raised when lowered for cuda), the TPU (Mosaic) kernels
+    ``tpu_run(False, *args)`` for tpu, or where there are none (``tpu_run`` None) a
+    one-line error naming ``what`` and why (``no_tpu_kernel``), and interpret mode for
+    cpu and every other platform.
 
   ``out``: the result's ``ShapeDtypeStruct``; ``what``: the call, for the messages.
   """
@@ -164,10 +166,12 @@ def by_platform(run, args, out, interpret, what, problem):
     check_compilable(interpret, what, problem)
     compiled = _refusal(out, f'{what}: {problem}; interpret=True runs any size')
   if interpret is None:
-    no_tpu = (f'{what}: the Pallas kernels are Triton (GPU) kernels and cannot be lowered '
-              f'for TPU; use implementation=\'xla\' or \'auto\' (XLA on TPU), or '
-              f'interpret=True')
-    return jax.lax.platform_dependent(*args, cuda=compiled, tpu=_refusal(out, no_tpu),
+    if tpu_run is None:
+      tpu = _refusal(out, f'{what}: no TPU kernel ({no_tpu_kernel}); use '
+                          f'implementation=\'xla\' or \'auto\' (XLA on TPU), or interpret=True')
+    else:
+      tpu = lambda *a: tpu_run(False, *a)
+    return jax.lax.platform_dependent(*args, cuda=compiled, tpu=tpu,
                                       default=lambda *a: run(True, *a))
   only_cuda = (f'{what}: interpret=False compiles the Triton kernels, which lower only for '
                f'cuda; use interpret=None (decided by the platform) or True')
