@@ -14,10 +14,16 @@ the same Phase B epochs, and writes per dataset and map:
   held-out alignment A and centered alignment ρ of the initial, ball-projected,
   learned and shuffled-label (null) particles;
 * Kernel − Ball and Kernel − Vanilla test-metric differences paired by seed,
-  with their 95% Student-t intervals;
+  with two 95% Student-t intervals each (``experiments.analysis.intervals``): over
+  the seeds (``ci95``; for all maps at once, over each seed's mean over maps) and
+  with the variance pooled within maps (``ci95_pooled``, ``df_pooled``; for all maps
+  ``pooled``); the page says which is wider and what the wider one allows;
 * the settings (the Kernel-X runs' Phase A and schedule fields, and the pilot
   that chose them, ``results/phase_a_pilot_<dataset>.json``).
 
+``--runs_out`` (default ``results/runs/<grid>``, the basename of ``--runs``) gets one small
+JSON per finished run (``experiments.analysis.run_files``); files of runs not read are kept.
+A run whose ``results.json`` names another config than its ``config.json`` is refused.
 ``--keep_others`` keeps the entries of ``--out`` for datasets with no runs under
 ``--runs`` (their runs gone; each entry names the command that made it, ``generated``);
 ``--train_subsets`` accepts runs trained on one fixed subset of the training rows
@@ -40,9 +46,11 @@ import numpy as np
 from configs import text
 from experiments.common import cli
 from experiments.common import provenance
+from experiments.analysis import intervals
 from experiments.analysis import loading
 from experiments.analysis import pages
 from experiments.analysis import plots
+from experiments.analysis import run_files
 from experiments.analysis import tables
 
 METRICS = ('accuracy', 'mcc', 'log_loss', 'brier', 'ece')
@@ -103,6 +111,29 @@ def all_maps_diff(by: Dict[str, Dict[int, dict]], base_kind: str) -> dict:
   return out
 
 
+COMPARISONS = (('paired_kernel_minus_ball', 'Kernel − Ball (the same ball, no Langevin)'),
+               ('paired_kernel_minus_vanilla', 'Kernel − Vanilla'))
+
+
+def pooled(maps: Dict[str, dict], all_maps: Dict[str, dict]):
+  """``(maps, all_maps)`` of a dataset's entry with the intervals pooled within maps added
+  (copies; ``intervals.with_intervals`` per map, ``intervals.pooled_mean`` for all maps as
+  ``pooled``, its interval also as ``ci95_pooled``): recomputed from the means, stds and
+  counts alone, so an entry written before them gets them too."""
+  maps = {m: dict(r) for m, r in maps.items()}
+  all_maps = {key: dict(p) for key, p in all_maps.items()}
+  for key, _ in COMPARISONS:
+    rows = intervals.with_intervals({m: r[key] for m, r in maps.items()}, METRICS)
+    for m in maps:
+      maps[m][key] = rows[m]
+    if key in all_maps:
+      for k in METRICS:
+        pool = intervals.pooled_mean([rows[m][k] for m in rows])
+        all_maps[key][k] = {**all_maps[key][k], 'pooled': pool, 'ci95_pooled': pool['ci95'],
+                            'df_pooled': pool['df_pooled']}
+  return maps, all_maps
+
+
 def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
   by = {}
   for r in runs:
@@ -131,9 +162,9 @@ def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
   maps = {m: map_summary(by.get(f'kernel-{m}', {}), by.get(f'ball-{m}', {}),
                          by.get(f'vanilla-{m}', {}))
           for m in text.MAPS if by.get(f'kernel-{m}')}
-  return {'settings': settings, 'maps': maps,
-          'all_maps': {'paired_kernel_minus_ball': all_maps_diff(by, 'ball'),
-                       'paired_kernel_minus_vanilla': all_maps_diff(by, 'vanilla')},
+  maps, all_maps = pooled(maps, {key: all_maps_diff(by, key.rsplit('_', 1)[-1])
+                                  for key, _ in COMPARISONS})
+  return {'settings': settings, 'maps': maps, 'all_maps': all_maps,
           'commits': sorted({s['commit'] for r in runs for s in r.get('sessions', [])}),
           'prefix_commits': sorted({s['commit'] for r in runs
                                     for s in r.get('prefix', {}).get('sessions', [])}),
@@ -243,8 +274,8 @@ def dataset_markdown(dataset: str, s: dict, figures: Dict[str, str]) -> str:
                  f"{_fmt(r['random_walk_displacement'])} | {_fmt(r['inside_fraction'], 2)} | "
                  + ' | '.join(_fmt(h.get(k), 3) for k in ('initial', 'ball', 'learned', 'null'))
                  + ' |')
-  for key, title in (('paired_kernel_minus_ball', 'Kernel − Ball (the same ball, no Langevin)'),
-                     ('paired_kernel_minus_vanilla', 'Kernel − Vanilla')):
+  maps, all_maps = pooled(s['maps'], s['all_maps'])
+  for key, title in COMPARISONS:
     lines += ['', f'**{title}**, test split, paired by seed: mean [95% t-interval]:', '',
               '| map | ' + ' | '.join(f'Δ {LABELS[k]}' for k in METRICS) + ' | n |',
               '|' + '---|' * (len(METRICS) + 2)]
@@ -255,6 +286,12 @@ def dataset_markdown(dataset: str, s: dict, figures: Dict[str, str]) -> str:
     p = s['all_maps'][key]
     lines.append(f"| **all {len(p['maps'])} maps** (per seed, mean over maps) | "
                  + ' | '.join(_ci(p[k]) for k in METRICS) + f" | {p['accuracy']['n']} |")
+    rows = {m: r[key] for m, r in maps.items()}
+    rows[f"**all {len(p['maps'])} maps**"] = all_maps[key]
+    lines += [''] + intervals.interval_table(
+        f'{title}: 95% t-intervals with the variance pooled within maps (for all maps '
+        'D̄ ± t_{0.975, ν} · s_p · √(Σ 1/n_m) / M), and the wider of the two for Δ accuracy:',
+        rows, [(k, LABELS[k]) for k in METRICS], seed_columns=False)[:-1]
   lines += ['', '**Test metrics** (mean ± std over seeds):', '',
             '| map | ' + ' | '.join(f'{v} {LABELS[k]}' for v in ('Kernel', 'Ball', 'Vanilla')
                                      for k in ('accuracy', 'ece')) + ' |',
@@ -302,8 +339,9 @@ def _old_run_keys(out: str) -> dict:
 
 def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
           meta: dict, keep_others: bool = False, train_subsets: bool = False,
-          allow_fewer: bool = False) -> dict:
-  """Writes ``out``, ``docs`` and the figures from the runs under ``runs_dir``.
+          allow_fewer: bool = False, runs_out: Optional[str] = None) -> dict:
+  """Writes ``out``, ``docs``, the figures and (``runs_out``; none when None) the per-run
+  files (``run_files``) from the runs under ``runs_dir``.
 
   ``keep_others``: datasets of the existing ``out`` that have no runs under ``runs_dir``
   (a grid run one dataset at a time, the earlier runs gone) keep their entry, its
@@ -319,6 +357,7 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
   new = loading.run_keys(finished)
   new.update({d: _entry_run_keys(s) for d, s in kept.items()})
   loading.check_not_fewer(_old_run_keys(out), new, f'{out} and {docs}', allow_fewer)
+  records = run_files.run_records(runs_dir, finished) if runs_out else []
   generated = {k: meta[k] for k in ('command', 'commit', 'date', 'machine')}
   docs_dir = os.path.dirname(docs) or '.'
   result = {'datasets': {}}
@@ -357,11 +396,15 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
   result.update(generated)
   os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
   provenance.write_json_atomic(out, result, indent=1)
+  if runs_out:
+    run_files.write_records(records, runs_out)
   page = ['# Does Phase A learn inside the Transformer, and does it help?', '', analysis, '',
           *parts, '## Provenance', '',
           f"Generated by `{meta['command']}` at `{meta['commit']}` ({meta['date']}); machine "
           f"{json.dumps(meta['machine'])}. Everything outside the analysis block is rewritten on "
           'every run of this command.', '']
+  if runs_out:
+    page += [run_files.describe(runs_out), '']
   for d, s in kept.items():
     g = s['generated']
     page += [f"{d}: entry and figures kept (`--keep_others`) from `{g['command']}` at "
@@ -375,7 +418,8 @@ def main(argv):
   fl = flags.FLAGS
   write(fl.runs, fl.pilots, fl.out, fl.docs, fl.figures,
         provenance.run_metadata('experiments.phase_a_learning'), keep_others=fl.keep_others,
-        train_subsets=fl.train_subsets, allow_fewer=fl.allow_fewer)
+        train_subsets=fl.train_subsets, allow_fewer=fl.allow_fewer,
+        runs_out=fl.runs_out or run_files.default_runs_out(fl.runs))
 
 
 if __name__ == '__main__':
@@ -390,6 +434,9 @@ if __name__ == '__main__':
                     'datasets that have no runs under --runs, instead of dropping them.')
   flags.DEFINE_bool('train_subsets', False, 'Accept runs trained on a fixed subset of the '
                     'training rows (data.max_train_examples); the settings record it.')
+  flags.DEFINE_string('runs_out', None, 'Folder for the per-run files <dataset>/<variant>/'
+                      'seed<k>.json (default results/runs/<basename of --runs>); files of '
+                      'runs not read are kept.')
   flags.DEFINE_bool('allow_fewer', False, 'Write even when the runs found hold fewer '
                     'datasets, variants or seeds than --out (or none): refused by default.')
   cli.run(main, config_flags=())

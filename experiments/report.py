@@ -38,7 +38,8 @@ out as ``<dataset>/<variant>/seed<s>/``) and writes
   seeds of a variant are pooled. Drawn only when some run has predictions.
 
 Runs directories with a ``config.json`` but no ``results.json`` are listed as
-unfinished and left out of the means. Two results for the same (dataset,
+unfinished and left out of the means; one whose ``results.json`` names another config
+than its ``config.json`` is refused (``loading.check_config``). Two results for the same (dataset,
 variant, seed), or seeds of one variant trained with different settings, are
 refused rather than averaged.
 
@@ -60,6 +61,7 @@ if __name__ == '__main__' and not __package__:
 
 from experiments.analysis import loading
 from experiments.analysis import pages
+from experiments.analysis import run_files
 from experiments.analysis import tables
 from experiments.common import cli
 from experiments.common import progress as progress_lib
@@ -70,9 +72,11 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
                  tfidf_dir: Optional[str] = None, meta: Optional[dict] = None,
                  figures_dir: Optional[str] = None, draw: bool = True,
                  keep_others: bool = False, train_subsets: bool = False,
-                 allow_fewer: bool = False) -> dict:
-  """Writes ``<out_dir>/<dataset>.json``, ``docs_path`` and (``draw``) the figures in
-  ``figures_dir`` (default ``figures/`` next to ``docs_path``); returns ``{dataset: summary}``.
+                 allow_fewer: bool = False, runs_out: Optional[str] = None) -> dict:
+  """Writes ``<out_dir>/<dataset>.json``, ``docs_path``, (``draw``) the figures in
+  ``figures_dir`` (default ``figures/`` next to ``docs_path``) and (``runs_out``) the
+  per-run files of the runs read (``run_files``; none when None); returns
+  ``{dataset: summary}``.
 
   ``keep_others``: a dataset without runs under ``runs_dir`` whose ``<out_dir>/<dataset>.json``
   exists keeps that summary and its figures on the page (a grid run one dataset at a time,
@@ -92,6 +96,7 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
   if keep_others:
     new.update({d: keys for d, keys in old.items() if d not in new})
   loading.check_not_fewer(old, new, f'{out_dir}/<dataset>.json and {docs_path}', allow_fewer)
+  records = run_files.run_records(runs_dir, finished) if runs_out else []
   # The datasets with runs; with none at all, those with a reference row.
   datasets = ({r['dataset'] for r in finished + unfinished}
               or {d for d in loading.SPLIT_NAMES if tables.load_reference(tfidf_dir, d)})
@@ -131,8 +136,11 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
     provenance.write_json_atomic(os.path.join(out_dir, f'{d}.json'), summaries[d], indent=1)
   if docs_dir:
     os.makedirs(docs_dir, exist_ok=True)
+  if runs_out:
+    run_files.write_records(records, runs_out)
   provenance.write_atomic(docs_path, pages.markdown(summaries, analysis, meta,
-                                                    figures if draw else None, kept=kept))
+                                                    figures if draw else None, kept=kept,
+                                                    runs_out=runs_out))
   return summaries
 
 
@@ -198,6 +206,10 @@ if __name__ == '__main__':
       'allow_fewer', False, 'Write even when the runs found hold fewer datasets, variants or '
       'seeds than the summaries in --out (or none): by default that is refused.')
 
+  _RUNS_OUT = flags.DEFINE_string(
+      'runs_out', None, 'Folder for the per-run files <dataset>/<variant>/seed<k>.json '
+      '(default results/runs/<basename of --runs>); files of runs not read are kept.')
+
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f'unexpected arguments: {argv[1:]}')
@@ -208,7 +220,9 @@ if __name__ == '__main__':
     summaries = write_report(_RUNS.value, _OUT.value, _DOCS.value, tfidf_dir=_TFIDF.value,
                              figures_dir=_FIGURES.value, keep_others=_KEEP_OTHERS.value,
                              train_subsets=_TRAIN_SUBSETS.value,
-                             allow_fewer=_ALLOW_FEWER.value)
+                             allow_fewer=_ALLOW_FEWER.value,
+                             runs_out=(_RUNS_OUT.value
+                                       or run_files.default_runs_out(_RUNS.value)))
     for d, s in summaries.items():
       print(f"{d}: {len(s['runs'])} runs, {len(s['variants'])} variants, "
             f"{len(s['unfinished'])} unfinished", flush=True)

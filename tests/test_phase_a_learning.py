@@ -169,7 +169,7 @@ def test_keep_others_keeps_an_earlier_datasets_entry_with_its_provenance(tmp_pat
   assert saved['datasets']['rotten_tomatoes'] == entry            # verbatim, first's provenance
   assert saved['datasets']['sst2']['generated']['commit'] == 'bbb' == saved['commit']
   page = open(docs).read()
-  assert page.count('| elu |') == 2 * 4 and '## rotten_tomatoes' in page and '## sst2' in page
+  assert page.count('| elu |') == 2 * 6 and '## rotten_tomatoes' in page and '## sst2' in page
   assert 'f/phase_a_learning_rotten_tomatoes_alignment.png' in page
   assert 'rotten_tomatoes: entry and figures kept (`--keep_others`) from `first` at `aaa`' in page
 

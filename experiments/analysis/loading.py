@@ -5,7 +5,9 @@ into finished runs (their ``results.json``, with ``path`` and ``predictions``) a
 unfinished ones (a ``config.json`` only); ``save_predictions`` / ``load_predictions``
 are the ``predictions_test.npz`` of a run or of the TF-IDF row
 (``reference_predictions_file``). "Never less" (``run_keys``, ``summary_run_keys``,
-``check_not_fewer``): a report does not replace summaries by ones of fewer runs.
+``check_not_fewer``): a report does not replace summaries by ones of fewer runs. A run
+whose ``results.json`` names another config than its folder's ``config.json``
+(``check_config``) is refused.
 """
 
 import json
@@ -14,6 +16,7 @@ import os
 import numpy as np
 
 from experiments.common import cli
+from experiments.run import run_identity
 
 SPLIT_NAMES = {
     'sst2': 'GLUE SST-2 dev (872)',
@@ -45,8 +48,8 @@ def load_runs(runs_dir: str, train_subsets: bool = False):
     if RESULTS in files or 'config.json' in files:
       dirs[:] = []                             # a run folder: skip its checkpoints
     if RESULTS in files:
-      with open(os.path.join(root, RESULTS)) as f:
-        r = json.load(f)
+      r = read_json(os.path.join(root, RESULTS))
+      check_config(root, r)
       data_cfg = r.get('config', {}).get('data', {})
       if data_cfg.get('max_eval_examples') or (data_cfg.get('max_train_examples')
                                                 and not train_subsets):
@@ -72,6 +75,22 @@ def load_runs(runs_dir: str, train_subsets: bool = False):
                        f'holding one grid.')
     seen[key] = r['path']
   return finished, unfinished
+
+
+def check_config(run_dir: str, results: dict) -> None:
+  """One ``cli.ConfigError`` naming ``run_dir`` when its ``results.json``'s ``config_sha256``
+  is not the ``run_identity.config_digest`` of its ``config.json`` (the results of another
+  config's run). Results written before digests, or a folder without config.json, pass."""
+  theirs = results.get(run_identity.DIGEST) if isinstance(results, dict) else None
+  path = os.path.join(run_dir, run_identity.CONFIG)
+  if theirs is None or not os.path.isfile(path):
+    return
+  ours = run_identity.config_digest(run_identity.read_json(path))
+  if theirs != ours:
+    raise cli.ConfigError(
+        f'--runs: {run_dir}: results.json was written by a run of another config (config '
+        f'sha256 {run_identity.short(theirs)}; its config.json\'s is '
+        f'{run_identity.short(ours)}); rerun it or remove the folder from the grid.')
 
 
 def reference_file(dataset: str, validation_rule: str = 'rows') -> str:

@@ -3,7 +3,8 @@ r"""A report's page: its markdown (tables, commands, provenance) and the figures
 ``markdown`` writes the page: the hand-written analysis block first (kept verbatim
 between ``<!-- analysis -->`` and ``<!-- /analysis -->``, ``read_analysis``), then per
 dataset its section (``dataset_markdown``: the table of every variant and the
-reference, the commands, commits, machines and dates, the paired tables) and figures
+reference, the commands, commits, machines and dates, the paired tables with their two
+95% intervals, ``experiments.analysis.intervals``) and figures
 (``draw_figures``: the forest plot of paired differences and the reliability diagrams
 from the runs' pooled test predictions, ``reliability_panels``; drawn by
 ``experiments.analysis.plots``), then where it came from.
@@ -15,8 +16,10 @@ from typing import List, Optional
 import numpy as np
 
 from configs import text
+from experiments.analysis import intervals
 from experiments.analysis import loading
 from experiments.analysis import plots
+from experiments.analysis import run_files
 from experiments.analysis import tables
 
 TITLES = {'sst2': 'SST-2', 'rotten_tomatoes': 'Rotten Tomatoes', 'qqp_subset': 'QQP subset (20k)',
@@ -28,6 +31,14 @@ ANALYSIS_START, ANALYSIS_END = '<!-- analysis -->', '<!-- /analysis -->'
 PLACEHOLDER = '(analysis to be written)'
 RELIABILITY_BINS = 10
 RELIABILITY_KINDS = ('kernel', 'vanilla', 'ball')
+PAIRED_TITLES = (
+    ('paired', 'Paired Kernel-X − Vanilla-X (difference per seed, then mean ± std over seeds):'),
+    ('paired_ball', 'Paired Kernel-X − Ball-X (the control: the same ball, no Langevin '
+                    'dynamics):'),
+    ('paired_ball_vanilla', 'Paired Ball-X − Vanilla-X (what the projection onto the ball '
+                            'does by itself):'))
+INTERVALS_TITLE = ('The same differences, 95% t-intervals: over each map\'s seeds (seeds) and '
+                   'with the variance pooled within maps (pooled):')
 
 
 # ----------------------------------------------------------------------------- figures
@@ -179,17 +190,11 @@ def dataset_markdown(s, figures: Optional[dict] = None) -> str:
     cells = [fmt(m[k]) for k, _ in TABLE_COLUMNS] + [_seconds(m), '—']
     lines.append(f"| {ref['name']} | " + ' | '.join(cells) + ' |')
   lines.append('')
-  if s['paired']:
-    lines += _paired_table('Paired Kernel-X − Vanilla-X (difference per seed, then mean ± std '
-                           'over seeds):', s['paired'])
-  else:
+  if not s['paired']:
     lines += ['Paired Kernel-X − Vanilla-X: no map has both variants yet.', '']
-  if s.get('paired_ball'):
-    lines += _paired_table('Paired Kernel-X − Ball-X (the control: the same ball, no Langevin '
-                           'dynamics):', s['paired_ball'])
-  if s.get('paired_ball_vanilla'):
-    lines += _paired_table('Paired Ball-X − Vanilla-X (what the projection onto the ball does '
-                           'by itself):', s['paired_ball_vanilla'])
+  for key, title in PAIRED_TITLES:
+    if s.get(key):
+      lines += _paired_table(title, s[key])
   if figures is not None:
     lines += _figure_lines(s, figures)
   return '\n'.join(lines)
@@ -214,13 +219,17 @@ def _figure_lines(s, figures):
 
 
 def _paired_table(title, pairs):
-  """Markdown lines of one paired-difference table (title, header, one row per map)."""
+  """Markdown lines of one paired-difference table (title, header, one row per map), then
+  its two 95% intervals per map (``intervals.interval_table``; recomputed from the
+  summaries' mean, std and n, so a page redrawn from older summaries has them too)."""
   header = ['map'] + [f'Δ {name}' for _, name in tables.PAIRED_METRICS] + ['n pairs']
   lines = [title, '', '| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for fmap, d in pairs.items():
     cells = [fmt(d[k], signed=True) for k, _ in tables.PAIRED_METRICS] + [str(len(d['seeds']))]
     lines.append(f'| {fmap} | ' + ' | '.join(cells) + ' |')
-  return lines + ['']
+  metrics = [k for k, _ in tables.PAIRED_METRICS]
+  return lines + [''] + intervals.interval_table(
+      INTERVALS_TITLE, intervals.with_intervals(pairs, metrics), tables.PAIRED_METRICS)
 
 
 def read_analysis(docs_path: str) -> str:
@@ -240,11 +249,13 @@ def read_analysis(docs_path: str) -> str:
 
 
 def markdown(summaries, analysis, meta, figures: Optional[dict] = None,
-             redrawn: Optional[dict] = None, kept: Optional[List[str]] = None) -> str:
+             redrawn: Optional[dict] = None, kept: Optional[List[str]] = None,
+             runs_out: Optional[str] = None) -> str:
   """The page: the (hand-written) analysis first, then per dataset its figures and
   tables, then where it came from (``redrawn``: the metadata of a redraw from the
   summaries, ``redraw_from_summaries``; ``kept``: datasets whose summary was kept from an
-  earlier report run, ``write_report(keep_others=True)``)."""
+  earlier report run, ``write_report(keep_others=True)``; ``runs_out``: the folder of
+  the per-run files written with it, ``experiments.analysis.run_files``)."""
   parts = ['# Text classification: results', '', analysis, '',
            'Mean ± sample std (ddof = 1) over seeds on the evaluation split; one value when '
            'there is one seed. Train seconds: Phase A + Phase B, evaluation excluded.', '']
@@ -253,6 +264,8 @@ def markdown(summaries, analysis, meta, figures: Optional[dict] = None,
   parts += ['## Provenance', '',
             f"Generated by `{meta['command']}` at `{meta['commit']}` ({meta['date']}). "
             'Everything outside the analysis block is rewritten on every run of the report.', '']
+  if runs_out:
+    parts += [run_files.describe(runs_out), '']
   for d in kept or []:
     k = summaries[d]
     parts += [f"{TITLES.get(d, d)}: summary `<out>/{d}.json` and figures kept from "

@@ -3,7 +3,8 @@ r"""A dataset's table as numbers: which runs may share it, means over seeds, pai
 ``dataset_summary`` is the ``<out>/<dataset>.json`` of ``experiments.report``: per
 variant ``{metric: summarize(values over seeds)}`` (``aggregate``), the paired
 differences Kernel-X − Vanilla-X, Kernel-X − Ball-X and Ball-X − Vanilla-X per
-feature map over the seeds both have (``paired``), the runs and their command
+feature map over the seeds both have, with their seed-unit and pooled-within-maps
+95% intervals (``paired``, ``experiments.analysis.intervals``), the runs and their command
 templates (``run_commands``), and the TF-IDF reference row (``load_reference``).
 Seeds of one variant trained with different settings, or variants of one table
 with different shared settings, are refused (``check_comparable``).
@@ -17,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from configs import text
+from experiments.analysis import intervals
 from experiments.analysis import loading
 from experiments.common import provenance
 
@@ -152,6 +154,10 @@ def aggregate(runs) -> dict:
 def paired(runs, baseline: str = 'vanilla', treatment: str = 'kernel') -> dict:
   """``{map: {metric: summary}}`` of <treatment>-X − <baseline>-X over the seeds both have.
 
+  Each summary is ``{mean, std, n}`` with its two 95% intervals (``intervals.with_intervals``):
+  ``ci95`` over the map's seeds, ``ci95_pooled`` with the variance pooled within the maps of
+  this comparison (``sd_pooled``, ``df_pooled``).
+
   ``baseline`` and ``treatment``: ``'vanilla'`` (random particles), ``'ball'``
   (random particles projected onto Phase A's ball, the control that separates
   the projection from the dynamics) or ``'kernel'`` (particles learned by Phase A).
@@ -166,7 +172,7 @@ def paired(runs, baseline: str = 'vanilla', treatment: str = 'kernel') -> dict:
       out[fmap] = {k: summarize([treated[s]['test'][k] - base[s]['test'][k] for s in seeds])
                    for k, _ in PAIRED_METRICS}
       out[fmap]['seeds'] = seeds
-  return out
+  return intervals.with_intervals(out, [k for k, _ in PAIRED_METRICS])
 
 
 def command_template(command: str, variant: str, seed: int) -> str:
