@@ -9,7 +9,7 @@ starts from its state at the end of the Phase B epochs before Phase A (its
 ``prefix``: the encoder Kernel-X's Phase A sees) and runs exactly the Phase A
 stages of ``experiments.train`` (``train.run_stage``, layer by layer) under each
 named setting of ``SETTINGS``. It records the stages' diagnostics
-(``phase_a.phase_a_report``): drift/noise, repulsion/alignment, Gibbs tilt,
+(``phase_a_report.phase_a_report``): drift/noise, repulsion/alignment, Gibbs tilt,
 displacement against a noise-only walk, the share of particles inside the ball,
 and the held-out (validation rows) alignment A and centered alignment ρ of the
 initial, ball-projected and learned particles. No test data is read.
@@ -33,7 +33,7 @@ import numpy as np
 from coulomb_jax import features
 from experiments import grid
 from experiments.common import provenance
-from experiments.run import phase_a
+from experiments.run import phase_a_report
 from experiments import train
 from experiments.run import checkpoints
 from experiments.run import run_folder
@@ -82,9 +82,9 @@ def pilot_config(vanilla_dir: str, feature_map: str, setting: dict,
 
 
 def run_phase_a(config, workdir) -> dict:
-  """Runs the Phase A stages that follow the prefix; returns ``phase_a.phase_a_report``."""
-  if os.path.exists(os.path.join(workdir, phase_a.STAGES_FILE)):
-    done = phase_a.phase_a_report(workdir)
+  """Runs the Phase A stages that follow the prefix; returns ``phase_a_report.phase_a_report``."""
+  if os.path.exists(os.path.join(workdir, phase_a_report.STAGES_FILE)):
+    done = phase_a_report.phase_a_report(workdir)
     if len(done['stages']) == config.model.num_layers:
       return done
   meta = provenance.run_metadata('experiments.phase_a_pilot')
@@ -97,7 +97,7 @@ def run_phase_a(config, workdir) -> dict:
       if run.stages[index].phase != 'a':
         break
       train.run_stage(run, index)
-  return phase_a.phase_a_report(workdir)
+  return phase_a_report.phase_a_report(workdir)
 
 
 def _row(report):

@@ -81,6 +81,7 @@ from experiments.common import provenance
 from experiments.run import checkpoints
 from experiments.run import evaluation
 from experiments.run import phase_a
+from experiments.run import phase_a_report
 from experiments.run import phase_b
 from experiments.run import run_folder
 from experiments.run import run_identity
@@ -330,7 +331,7 @@ def _finish(run, meta, sessions) -> dict:
   if prefix is not None:
     results['prefix'] = prefix   # Where the Phase B prefix was trained, and when.
   run.folder.check_stages(digest)      # Copied in since preflight: refused, not reported.
-  phase_a_summary = phase_a.phase_a_report(run.workdir) if run.kind == 'kernel' else None
+  phase_a_summary = phase_a_report.phase_a_report(run.workdir) if run.kind == 'kernel' else None
   if phase_a_summary is not None:
     results['phase_a'] = phase_a_summary
   for split in ('validation', 'test'):

@@ -1,7 +1,7 @@
 r"""Phase A of one Kernel-X run: the particles move by projected Langevin dynamics.
 
 A Kernel-X Phase A stage also measures whether its particles learn, into
-``<workdir>/phase_a_stages.json`` and ``results.json['phase_a']``
+``<workdir>/phase_a_stages.json`` and, through ``phase_a_report``, ``results.json['phase_a']``
 (``coulomb_jax.langevin_diagnostics`` for the definitions):
 
 * calibration at the stage start, on ``phase_a.calibration_rows`` training rows:
@@ -33,9 +33,7 @@ labels); the stage summary says so under ``null_run``.
 
 import itertools
 import json
-import os
 import time
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +51,6 @@ from experiments.run import run_identity
 from experiments.run import stages
 from experiments.run.stages import f32, i32
 
-STAGES_FILE = run_identity.STAGES
 # What the stage summary of a softmax-target stage says instead of the null's results.
 NULL_SKIPPED = ('shuffled-label null not run: the softmax target uses no labels, so it '
                 'would be the same run')
@@ -455,48 +452,7 @@ def _write_stage_summary(run, index, summary):
   """Adds stage ``index``'s summary to the run folder's ``phase_a_stages.json`` (process 0)."""
   if not run.chief:
     return
-  stages = (run_folder.read_json(run.folder.file(STAGES_FILE))
-            if run.folder.exists(STAGES_FILE) else {})
+  stages = (run_folder.read_json(run.folder.file(run_identity.STAGES))
+            if run.folder.exists(run_identity.STAGES) else {})
   stages[str(index)] = summary
-  run.folder.write_json(STAGES_FILE, stages)
-
-
-def phase_a_report(workdir: str) -> Optional[dict]:
-  """``results.json['phase_a']``: the stage summaries and their aggregates (None if none).
-
-  ``drift_to_noise`` / ``repulsion_to_alignment``: medians over every particle and
-  step of every stage (the stages' histograms added); held-out statistics: means
-  over the stages (``heldout_alignment`` and ``heldout_centered_alignment``; for the
-  softmax target ``heldout_kl`` and ``target: 'softmax'``); ``gibbs_tilt`` and
-  displacements: medians over the stages; ``diversity``: each statistic of
-  ``diagnostics.particle_diversity`` for the initial, ball and learned particles, the
-  mean over stages, layers and heads (per head in each stage's ``diversity``).
-  """
-  path = os.path.join(workdir, STAGES_FILE)
-  if not os.path.exists(path):
-    return None
-  stages = [s for _, s in sorted(run_folder.read_json(path).items(), key=lambda kv: int(kv[0]))]
-  hist = {k: ld.LogHistogram(counts=np.sum([s['histograms'][k] for s in stages], axis=0))
-          for k in ('drift_to_noise', 'repulsion_to_alignment')}
-  which = [k for k in ('initial', 'ball', 'learned', 'null') if k in stages[0]['heldout']]
-  mean = lambda k, stat: float(np.mean([s['heldout'][k][stat] for s in stages]))
-  med = lambda field: float(np.median([s[field] for s in stages]))
-  report = {'drift_to_noise': hist['drift_to_noise'].median(),
-            'repulsion_to_alignment': hist['repulsion_to_alignment'].median(),
-            'gibbs_tilt': med('gibbs_tilt'), 'displacement': med('displacement'),
-            'random_walk_displacement': med('random_walk_displacement'),
-            'inside_fraction': float(np.mean([s['inside_fraction'] for s in stages]))}
-  if 'kl' in stages[0]['heldout'][which[0]]:       # The softmax target (stage 'target').
-    report.update(target='softmax', heldout_kl={k: mean(k, 'kl') for k in which})
-  else:
-    report.update(heldout_alignment={k: mean(k, 'alignment') for k in which},
-                  heldout_centered_alignment={k: mean(k, 'centered_alignment')
-                                              for k in which})
-  if 'diversity' in stages[0]:      # stage files written before the diversity had none
-    report['diversity'] = {
-        name: {stat: float(np.mean([x for s in stages for head in s['diversity'][name].values()
-                                    for x in head[stat]]))
-               for stat in diagnostics.DIVERSITY_STATISTICS}
-        for name in ('initial', 'ball', 'learned')}
-  report['stages'] = [{k: v for k, v in s.items() if k != 'histograms'} for s in stages]
-  return report
+  run.folder.write_json(run_identity.STAGES, stages)

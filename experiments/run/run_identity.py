@@ -36,7 +36,7 @@ CONFIG = 'config.json'
 FINGERPRINT = 'fingerprint.json'
 TOKENIZER = 'tokenizer.json'
 RESULTS = 'results.json'
-# Phase A stage summaries (``experiments.run.phase_a.STAGES_FILE``, same name).
+# Phase A stage summaries (``experiments.run.phase_a_report.STAGES_FILE``).
 STAGES = 'phase_a_stages.json'
 # The key of the config digest in results.json and in each stage of phase_a_stages.json.
 DIGEST = 'config_sha256'
