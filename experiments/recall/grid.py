@@ -1,6 +1,7 @@
 r"""The recall grid: which runs, in which order, and ``results/mqar.json`` from their files.
 
-``plan(name)`` lists ``(run_name, overrides)`` cheapest first: every method at every
+``plan(name)`` lists ``(run_name, overrides)`` (a grid's own ``overrides`` first, e.g.
+more steps) cheapest first: every method at every
 (seq_len, num_pairs) for width 64 and seed 0, then width 128, then seed 1, so a grid cut
 short by the machine still has whole lines. Several workers may share one grid folder:
 each run is claimed with a non-blocking ``fcntl`` lock on ``<run>/lock`` (released by the
@@ -23,6 +24,12 @@ GRIDS = {
     # Issue 25: L = 64/128/256 with 4/8/16 pairs, widths 64 and 128, 2 seeds.
     'main': {'lengths': ((64, 4), (128, 8), (256, 16)), 'widths': (64, 128),
              'methods': methods.METHODS, 'seeds': (0, 1)},
+    # The linear maps at L = 64 for 5x the steps (6000; softmax leaves the 1/P plateau by
+    # step 900 of 1200), particles with a 30x larger Langevin step (3e-3; at 1e-4 they
+    # barely moved). Write it to its own results file: its runs share main's run keys.
+    'long': {'lengths': ((64, 4),), 'widths': (64,),
+             'methods': ('particles_softmax', 'hedgehog', 'elu', 'favor_orthogonal'),
+             'seeds': (0,), 'overrides': {'train.steps': 6000, 'particles.step_size': 3e-3}},
     # A test-sized grid (with configs/mqar.py:quick).
     'tiny': {'lengths': ((16, 2),), 'widths': (16,), 'methods': ('softmax', 'elu'),
              'seeds': (0,)},
@@ -45,8 +52,9 @@ def plan(name: str) -> List[Tuple[str, Dict[str, object]]]:
   runs = []
   for seed, width in itertools.product(grid['seeds'], grid['widths']):
     for (seq_len, num_pairs), method in itertools.product(grid['lengths'], grid['methods']):
-      overrides = {'method': method, 'seed': seed, 'model.width': width,
-                   'data.seq_len': seq_len, 'data.num_pairs': num_pairs}
+      overrides = dict(grid.get('overrides', {}), method=method, seed=seed)
+      overrides.update({'model.width': width, 'data.seq_len': seq_len,
+                        'data.num_pairs': num_pairs})
       runs.append((run_name(method, seq_len, num_pairs, width, seed), overrides))
   return runs
 
