@@ -1,0 +1,185 @@
+r"""Does stronger repulsion keep the particles apart, and what does it do to ρ and accuracy?
+
+  experiments/phase_a_repulsion.sh          # the runs (Rotten Tomatoes, ~65 min, one core)
+  python -m experiments.phase_a_repulsion --runs=workdir/repulsion \
+      --out=results/phase_a_repulsion.json --docs=docs/phase_a_learning.md
+
+Reads ``<runs>/<setting>/<dataset>/kernel-<map>/seed<s>/`` (``experiments.grid`` runs that
+differ only in the repulsion: ``phase_a.relative_lam`` and ``phase_a.riesz_s``) and the
+Ball-X controls of the same seeds under ``<runs>/base/<dataset>/ball-<map>/seed<s>/``.
+Every Kernel-X run of one setting folder must share its repulsion fields, and every run
+of the study all its other Phase A fields (one ``ValueError`` naming the run otherwise).
+
+Per run (the JSON's ``runs``, enough to recompute every table cell): per layer, the
+particle diversity of the Phase A stage (``experiments.run.phase_a_report``: the share
+of the cloud's variance in its top direction, its effective rank, the smallest pairwise
+distance; mean over heads) for the initial, ball-projected and learned particles, the
+held-out centered alignment ρ of the learned and ball particles, and the test and
+validation accuracy of the run and of its seed's Ball-X run. Per setting and map
+(``settings``): the means over seeds. The page block (between the ``repulsion`` markers
+of ``--docs``) is the table of those means; the page's words around it are kept.
+"""
+
+import os
+from typing import Dict, List
+
+from absl import flags
+import numpy as np
+
+from experiments.analysis import loading
+from experiments.common import cli
+from experiments.common import page_block
+from experiments.common import provenance
+
+FLAGS = flags.FLAGS
+BEGIN = '<!-- repulsion:begin (written by python -m experiments.phase_a_repulsion) -->'
+END = '<!-- repulsion:end -->'
+DIVERSITY = ('top_direction_share', 'effective_rank', 'min_pairwise_distance')
+KINDS = ('initial', 'ball', 'learned')
+REPULSION_FIELDS = ('relative_lam', 'riesz_s')
+_SHARED_FIELDS = ('schedule', 'after_b_epochs', 'num_epochs', 'relative_step', 'gibbs_tilt',
+                  'softening', 'radius', 'clip_norm', 'batch_size', 'target')
+
+
+def stage_row(stage: dict) -> dict:
+  """One Phase A stage as ``{layer, diversity: {kind: {field: mean over heads}}, rho}``."""
+  diversity = {}
+  for kind in KINDS:
+    heads = stage['diversity'][kind]
+    diversity[kind] = {f: float(np.mean([np.mean(h[f]) for h in heads.values()]))
+                       for f in DIVERSITY}
+  rho = {k: float(stage['heldout'][k]['centered_alignment']) for k in ('ball', 'learned')}
+  return {'layer': int(stage['layer']), 'diversity': diversity, 'rho': rho}
+
+
+def run_row(setting: str, run: dict, ball: dict) -> dict:
+  """The per-run record of a Kernel-X run and its seed's Ball-X run."""
+  pa = run['config']['phase_a']
+  return {'setting': setting, 'map': run['variant'].split('-', 1)[1], 'seed': run['seed'],
+          'relative_lam': pa['relative_lam'], 'riesz_s': str(pa['riesz_s']),
+          'path': run['path'], 'commit': run.get('commit'),
+          'layers': [stage_row(s) for s in run['phase_a']['stages']],
+          'test_accuracy': run['test']['accuracy'],
+          'validation_accuracy': run['validation']['accuracy'],
+          'ball_test_accuracy': ball['test']['accuracy'],
+          'ball_validation_accuracy': ball['validation']['accuracy']}
+
+
+def _check_same(runs: List[dict], fields, what: str) -> None:
+  first = runs[0]['config']['phase_a']
+  for r in runs[1:]:
+    diff = [f for f in fields if r['config']['phase_a'].get(f) != first.get(f)]
+    if diff:
+      raise ValueError(f'{r["path"]}: phase_a {diff} differ from {runs[0]["path"]} ({what}).')
+
+
+def collect(runs_dir: str, dataset: str) -> List[dict]:
+  """Every Kernel-X run of every setting folder under ``runs_dir`` with its Ball-X run."""
+  base, _ = loading.load_runs(os.path.join(runs_dir, 'base'))
+  balls = {(r['variant'], r['seed']): r for r in base if r['dataset'] == dataset}
+  rows, kernels = [], []
+  for setting in sorted(os.listdir(runs_dir)):
+    folder = os.path.join(runs_dir, setting)
+    if setting == 'base' or not os.path.isdir(os.path.join(folder, dataset)):
+      continue
+    finished, _ = loading.load_runs(folder)
+    mine = [dict(r, path=os.path.join(setting, r['path'])) for r in finished
+            if r['dataset'] == dataset and r['variant'].startswith('kernel-')]
+    if not mine:
+      continue
+    _check_same(mine, REPULSION_FIELDS, f'one repulsion per setting folder {setting!r}')
+    for r in mine:
+      ball = balls.get(('ball-' + r['variant'].split('-', 1)[1], r['seed']))
+      if ball is None:
+        raise ValueError(f'{r["path"]}: no Ball-X run of its map and seed under '
+                         f'{os.path.join(runs_dir, "base", dataset)}.')
+      rows.append(run_row(setting, r, ball))
+    kernels += mine
+  if not rows:
+    raise ValueError(f'--runs: no kernel-<map> run of {dataset!r} under {runs_dir!r}.')
+  _check_same(kernels, _SHARED_FIELDS, 'every setting must share the other Phase A fields')
+  return sorted(rows, key=lambda r: (r['relative_lam'], r['riesz_s'], r['map'], r['seed']))
+
+
+def summarize(rows: List[dict]) -> List[dict]:
+  """Means over seeds per (setting, map, layer)."""
+  groups: Dict[tuple, List[dict]] = {}
+  for r in rows:
+    groups.setdefault((r['setting'], r['map']), []).append(r)
+  out = []
+  for (setting, fmap), group in groups.items():
+    entry = {'setting': setting, 'map': fmap, 'relative_lam': group[0]['relative_lam'],
+             'riesz_s': group[0]['riesz_s'], 'seeds': [r['seed'] for r in group],
+             'layers': []}
+    for i, layer in enumerate(group[0]['layers']):
+      mean = lambda get: float(np.mean([get(r['layers'][i]) for r in group]))
+      entry['layers'].append({
+          'layer': layer['layer'],
+          'diversity': {k: {f: mean(lambda l: l['diversity'][k][f]) for f in DIVERSITY}
+                        for k in KINDS},
+          'rho': {k: mean(lambda l: l['rho'][k]) for k in ('ball', 'learned')}})
+    for field in ('test_accuracy', 'ball_test_accuracy', 'validation_accuracy',
+                  'ball_validation_accuracy'):
+      entry[field] = float(np.mean([r[field] for r in group]))
+    entry['kernel_minus_ball_test'] = entry['test_accuracy'] - entry['ball_test_accuracy']
+    out.append(entry)
+  return out
+
+
+def _repulsion(entry: dict) -> str:
+  s = 'log' if entry['riesz_s'] in ('0', '0.0') else entry['riesz_s']
+  return f'{entry["relative_lam"]:g}× · {s}'
+
+
+def markdown(summary: List[dict], meta: dict) -> List[str]:
+  """The page block: one row per setting, map and layer."""
+  lines = [
+      '| repulsion (λ scale · kernel) | map | layer | top share ball → learned | '
+      'effective rank ball → learned | min distance ball → learned | ρ ball | ρ learned | '
+      'test acc. Kernel | Kernel − Ball |',
+      '|---|---|---|---|---|---|---|---|---|---|']
+  for e in summary:
+    for layer in e['layers']:
+      b, l = layer['diversity']['ball'], layer['diversity']['learned']
+      acc = (f'{e["test_accuracy"]:.4f}', f'{e["kernel_minus_ball_test"]:+.4f}') \
+          if layer is e['layers'][0] else ('', '')
+      lines.append(
+          f'| {_repulsion(e)} | {e["map"]} | {layer["layer"]} | '
+          f'{b["top_direction_share"]:.3f} → {l["top_direction_share"]:.3f} | '
+          f'{b["effective_rank"]:.1f} → {l["effective_rank"]:.1f} | '
+          f'{b["min_pairwise_distance"]:.2f} → {l["min_pairwise_distance"]:.2f} | '
+          f'{layer["rho"]["ball"]:.3f} | {layer["rho"]["learned"]:.3f} | {acc[0]} | {acc[1]} |')
+  seeds = sorted({s for e in summary for s in e['seeds']})
+  lines += ['', f'Means over seeds {seeds} (per-run values in `{meta["out"]}`). Test '
+            'accuracy on the Rotten Tomatoes test split, Kernel − Ball paired by seed. '
+            f'Made by `{meta["command"]}` at {meta["commit"]} on {meta["machine"]}.']
+  return lines
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  if not os.path.isdir(FLAGS.runs):
+    raise cli.ConfigError(f'--runs: {FLAGS.runs!r} is not a folder.')
+  try:
+    rows = collect(FLAGS.runs, FLAGS.dataset)
+  except (ValueError, FileNotFoundError) as e:
+    raise cli.ConfigError(str(e)) from None
+  summary = summarize(rows)
+  meta = provenance.run_metadata('experiments.phase_a_repulsion')
+  machine = meta['machine']
+  meta_page = {'out': FLAGS.out, 'command': meta['command'], 'commit': meta['commit'][:8],
+               'machine': f'{machine["cpu_count"]}-core {machine["platform"]}'}
+  provenance.write_json_atomic(FLAGS.out, dict(meta, dataset=FLAGS.dataset,
+                                               settings=summary, runs=rows), indent=1)
+  if FLAGS.docs:
+    page_block.write_block(FLAGS.docs, BEGIN, END, markdown(summary, meta_page))
+
+
+if __name__ == '__main__':
+  flags.DEFINE_string('runs', 'workdir/repulsion', 'The study folder (one sub-folder per '
+                      'repulsion setting and base/ with the Ball-X runs).')
+  flags.DEFINE_string('dataset', 'rotten_tomatoes', 'Dataset of the runs read.')
+  flags.DEFINE_string('out', 'results/phase_a_repulsion.json', 'Per-run and summary JSON.')
+  flags.DEFINE_string('docs', '', 'Page whose repulsion block is rewritten (empty: none).')
+  cli.run(main)
