@@ -14,6 +14,9 @@ only that rewrite (with ``--page=docs/recall.md``: also
 its figure and table, ``experiments/recall/page.py``). The results file never loses a run.
 
   python -m experiments.mqar --workdir=workdir/mqar/main --collect_only --page=docs/recall.md
+  python -m experiments.mqar --workdir=workdir/mqar/long --collect_only \
+      --results=results/mqar_long.json --page=docs/recall.md --block=mqar_long \
+      --figure=docs/figures/recall_long_accuracy_vs_length.png
 """
 
 import json
@@ -92,9 +95,13 @@ def main(argv):
     raise cli.ConfigError('--workdir is required.')
   config = FLAGS.config
   if FLAGS.collect_only:
+    try:
+      page_lib.markers(FLAGS.block)
+    except ValueError as e:
+      raise cli.ConfigError(str(e)) from None
     write_results(FLAGS.workdir, FLAGS.results)
     if FLAGS.page:
-      page_lib.write_page(FLAGS.results, FLAGS.page, FLAGS.figure)
+      page_lib.write_page(FLAGS.results, FLAGS.page, FLAGS.figure, FLAGS.block)
     return
   if not FLAGS.grid:
     run_lib.train_and_evaluate(config, FLAGS.workdir)
@@ -119,4 +126,6 @@ if __name__ == '__main__':
                       'this page (docs/recall.md).')
   flags.DEFINE_string('figure', 'docs/figures/recall_accuracy_vs_length.png',
                       'The figure --page draws.')
+  flags.DEFINE_string('block', 'mqar', 'The page block --page rewrites (another grid\'s '
+                      'table goes to its own block, e.g. mqar_long).')
   cli.run(main)

@@ -124,3 +124,11 @@ def test_the_page_keeps_its_text_and_redraws_its_table(tmp_path):
   assert text.startswith('# Recall\n\nThe answer in words.\n')
   assert text.count(page.BEGIN) == 1 and text.count('| 16 | 2 | 16 | elu |') == 1
   assert os.path.getsize(fig) > 1000
+  page.write_page(results, doc, fig, block='mqar_long')   # a second grid's own block
+  with open(doc) as f:
+    text = f.read()
+  begin, end = page.markers('mqar_long')
+  assert text.count(page.BEGIN) == text.count(begin) == text.count(end) == 1
+  assert text.count('| 16 | 2 | 16 | elu |') == 2
+  with pytest.raises(ValueError, match='--block'):
+    page.markers('a -->')

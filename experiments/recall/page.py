@@ -1,9 +1,10 @@
 r"""The figure and table of ``docs/recall.md`` from ``results/mqar.json``.
 
-``write_page(results, page, figure)`` draws accuracy at answer positions against sequence
+``write_page(results, page, figure, block)`` draws accuracy at answer positions against sequence
 length (one line per method, one panel per width; seeds averaged, each seed a dot) and
-replaces the part of ``page`` between ``BEGIN`` and ``END`` with the table (one row per
-run, then the runs' commands and commits). The text outside the markers (the answer, in
+replaces the part of ``page`` between the ``block``'s markers (``markers(block)``; the
+default ``mqar`` block is ``BEGIN`` … ``END``) with the table (one row per run, then the
+runs' commands and commits), so one page can hold the tables of several grids. The text outside the markers (the answer, in
 words) is kept as written.
 """
 
@@ -17,8 +18,17 @@ from experiments.analysis import plots
 from experiments.common import page_block
 from experiments.recall import methods
 
-BEGIN = '<!-- mqar:begin (written by python -m experiments.mqar --page) -->'
-END = '<!-- mqar:end -->'
+
+
+def markers(block: str):
+  """``(begin, end)`` marker lines of a page block named ``block``."""
+  if not block.replace('_', '').isalnum():
+    raise ValueError(f'--block must be letters, digits and _, got {block!r}.')
+  return (f'<!-- {block}:begin (written by python -m experiments.mqar --page) -->',
+          f'<!-- {block}:end -->')
+
+
+BEGIN, END = markers('mqar')
 
 
 def figure(table: dict, path: str) -> str:
@@ -81,10 +91,11 @@ def table_lines(table: dict) -> list:
   return lines
 
 
-def write_page(results: str, page: str, figure_path: str) -> None:
+def write_page(results: str, page: str, figure_path: str, block: str = 'mqar') -> None:
+  begin, end = markers(block)
   with open(results) as f:
     table = json.load(f)
   figure(table, figure_path)
   rel = os.path.relpath(figure_path, os.path.dirname(page))
-  page_block.write_block(page, BEGIN, END,
+  page_block.write_block(page, begin, end,
                          [f'![accuracy against sequence length]({rel})', ''] + table_lines(table))
