@@ -231,3 +231,37 @@ def test_a_prefix_of_another_config_or_with_a_nan_is_refused(runs, tmp_path):
   source.save_prefix(state(np.arange(3, dtype=np.float32), runs.digest))
   restored = ours.restore_prefix(source.path, target)
   assert checkpoints.leaf_hex(restored[checkpoints.CONFIG_LEAF]) == other
+
+
+def test_phase_a_stops_at_the_first_non_finite_particle_naming_layer_and_head(
+    runs, monkeypatch):
+  from experiments.run import phase_a  # pylint: disable=g-import-not-at-top
+  real = phase_a._stage_steps
+
+  def poisoned(run, stage, batches, state, step_fn, n_steps, start, on_step):
+    def step(state, batch):                 # the second step makes one head's particles NaN
+      state, m = step_fn(state, batch)
+      if int(state.step) == 2:
+        poison = lambda p, v: v.at[1, 0].set(np.nan) if p[-1].key == 'particles' else v
+        state = state._replace(params=jax.tree_util.tree_map_with_path(poison, state.params))
+        m = dict(m, max_move=np.float32(np.nan))
+      return state, m
+    return real(run, stage, batches, state, step, n_steps, start, on_step)
+
+  monkeypatch.setattr(phase_a, '_stage_steps', poisoned)
+  workdir = os.path.join(runs.root, 'nan_in_phase_a')
+  with pytest.raises(FloatingPointError, match=(
+      r'^phase A \(stage 1/2, all layers\) step 2/4: attention_0/particles head 1 holds 8 '
+      r'non-finite value\(s\); stopped before saving')):
+    train.train_and_evaluate(runs.config, workdir)
+  # Phase A runs first here and would have saved at its step 2 (checkpoint_every=2): the
+  # NaN step raised before that save, so no checkpoint holds the NaN particles.
+  assert checkpoints.checkpoint_manager(workdir).all_steps() == []
+
+
+def test_non_finite_particles_names_the_first_bad_head():
+  good = {'attention_0': {'particles': np.ones((2, 4, 3), np.float32)},
+          'head': {'bias': np.full(2, np.nan, np.float32)}}   # not a particle: ignored
+  assert checkpoints.non_finite_particles(good) is None
+  good['attention_0']['particles'][1, 2, :2] = np.inf
+  assert checkpoints.non_finite_particles(good) == ('attention_0/particles', 1, 2)

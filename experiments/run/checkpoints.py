@@ -199,6 +199,22 @@ def check_finite(ckpt, where: str, parts=('params', 'best_params', 'stage_start'
             f'new workdir.')
 
 
+def non_finite_particles(params):
+  """``(name, head, count)`` of the first ``particles`` leaf of ``params`` ([H, M, D]) with a
+  non-finite value (``name`` e.g. ``attention_0/particles``, ``head`` its first bad head,
+  ``count`` the bad values in that head), or None when every particle is finite."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if getattr(path[-1], 'key', None) != 'particles':
+      continue
+    a = np.asarray(jax.device_get(leaf), np.float32)
+    bad = ~np.isfinite(a.reshape((-1,) + a.shape[-2:]))
+    heads = np.flatnonzero(bad.any(axis=(1, 2)))
+    if heads.size:
+      name = '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path)
+      return name, int(heads[0]), int(bad[heads[0]].sum())
+  return None
+
+
 def save(manager, ckpt, sharder=None):
   """Saves ``ckpt`` (all processes call it; with several, every leaf made a global array)."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top

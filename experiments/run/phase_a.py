@@ -29,6 +29,10 @@ too: nothing is cached). Then the data force is ∇CE (``repulsion_to_alignment`
 KL(softmax ‖ linear) (``phase_a_mimicry.heldout_attention_kl``, ``heldout_kl``) on the
 held-out rows' tokens, and there is no shuffled-label null (the target uses no
 labels); the stage summary says so under ``null_run``.
+
+A step whose largest move or Hamiltonian is not finite stops the run with one
+``FloatingPointError`` naming the stage, the step, and the first particle leaf and head
+holding NaN/inf (``checkpoints.non_finite_particles``), before anything is saved.
 """
 
 import itertools
@@ -45,6 +49,7 @@ from coulomb_jax import diagnostics
 from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import phase_a_mimicry
 from coulomb_jax import training
+from experiments.run import checkpoints
 from experiments.run import evaluation
 from experiments.run import run_folder
 from experiments.run import run_identity
@@ -319,6 +324,15 @@ def run_phase_a(run: stages.Run, index: int, stage) -> bool:
 
   def on_step(t, state, m):
     nonlocal tick
+    if not (np.isfinite(m['max_move']) and np.isfinite(m['hamiltonian'])):
+      bad = checkpoints.non_finite_particles(state.params)
+      raise FloatingPointError(
+          f'{what} step {t + 1}/{n_steps}: ' +
+          (f'{bad[0]} head {bad[1]} holds {bad[2]} non-finite value(s)' if bad else
+           f'the Hamiltonian is {float(m["hamiltonian"])} and the largest move '
+           f'{float(m["max_move"])}') +
+          f'; stopped before saving (the last checkpoint, Phase A step {int(ck["step_a"])}, '
+          'is kept). Lower phase_a.relative_step, or check the inputs.')
     run.steps_this_call += 1
     hist_d.add(m['drift_to_noise'])
     hist_f.add(m['repulsion_to_alignment'])
