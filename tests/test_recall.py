@@ -103,6 +103,8 @@ def test_a_grid_with_its_own_overrides_sets_them_on_every_run():
   runs = grid.plan('long')
   assert [name.split('-')[0] for name, _ in runs] == [
       'particles_softmax', 'hedgehog', 'elu', 'favor_orthogonal'] * 4
+  assert [name.split('-', 2)[1] + name[-1] for name, _ in runs[::4]] == [
+      'L640', 'L641', 'L1280', 'L1281']      # length-major: both seeds at L = 64 first
   for _, overrides in runs:
     config = grid.apply_overrides(mqar_config.get_config(), overrides)
     assert config.train.steps == 6000 and config.particles.step_size == 3e-3

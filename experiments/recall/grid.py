@@ -29,7 +29,8 @@ GRIDS = {
     # barely moved). Write it to its own results file: its runs share main's run keys.
     'long': {'lengths': ((64, 4), (128, 8)), 'widths': (64,),
              'methods': ('particles_softmax', 'hedgehog', 'elu', 'favor_orthogonal'),
-             'seeds': (0, 1), 'overrides': {'train.steps': 6000, 'particles.step_size': 3e-3}},
+             'seeds': (0, 1), 'overrides': {'train.steps': 6000, 'particles.step_size': 3e-3},
+             'length_major': True},   # both seeds at L = 64 before any L = 128 run
     # A test-sized grid (with configs/mqar.py:quick).
     'tiny': {'lengths': ((16, 2),), 'widths': (16,), 'methods': ('softmax', 'elu'),
              'seeds': (0,)},
@@ -56,6 +57,8 @@ def plan(name: str) -> List[Tuple[str, Dict[str, object]]]:
       overrides.update({'model.width': width, 'data.seq_len': seq_len,
                         'data.num_pairs': num_pairs})
       runs.append((run_name(method, seq_len, num_pairs, width, seed), overrides))
+  if grid.get('length_major'):
+    runs.sort(key=lambda r: r[1]['data.seq_len'])   # stable: seed order kept per length
   return runs
 
 
