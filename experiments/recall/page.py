@@ -85,7 +85,7 @@ def table_lines(table: dict) -> list:
   machines = sorted({json.dumps(r.get('machine', {}), sort_keys=True) for r in table['runs']})
   commands = sorted({r.get('command', '') for r in table['runs']})
   lines += ['', f'Commits of the runs: {", ".join(commits)}.',
-            'Commands of the runs (a grid'"'"'s workers all ran the same one): '
+            "Commands of the runs (a grid's workers all ran the same one): "
             + '; '.join(f'`{c}`' for c in commands) + '.',
             'Machines: ' + '; '.join(machines) + '.']
   return lines
