@@ -299,6 +299,21 @@ def _calibrated_step(run, index, stage, what):
   return cal, opt, step_fn, table
 
 
+def _check_finite(what: str, step: str, state, m, saved_step: int) -> None:
+  """One ``FloatingPointError`` if a step's largest move or Hamiltonian is not finite,
+  naming the first particle leaf and head holding NaN/inf; raised before any save."""
+  if np.isfinite(m['max_move']) and np.isfinite(m['hamiltonian']):
+    return
+  bad = checkpoints.non_finite_particles(state.params)
+  raise FloatingPointError(
+      f'{what} step {step}: ' +
+      (f'{bad[0]} head {bad[1]} holds {bad[2]} non-finite value(s)' if bad else
+       f'the Hamiltonian is {float(m["hamiltonian"])} and the largest move '
+       f'{float(m["max_move"])}') +
+      f'; stopped before saving (the last checkpoint, Phase A step {saved_step}, is kept). '
+      'Lower phase_a.relative_step, or check the inputs.')
+
+
 def run_phase_a(run: stages.Run, index: int, stage) -> bool:
   """Kernel-X: the stage's particles move by projected Langevin dynamics (see module doc)."""
   ck, config, a = run.ckpt, run.config, run.config.phase_a
@@ -324,15 +339,7 @@ def run_phase_a(run: stages.Run, index: int, stage) -> bool:
 
   def on_step(t, state, m):
     nonlocal tick
-    if not (np.isfinite(m['max_move']) and np.isfinite(m['hamiltonian'])):
-      bad = checkpoints.non_finite_particles(state.params)
-      raise FloatingPointError(
-          f'{what} step {t + 1}/{n_steps}: ' +
-          (f'{bad[0]} head {bad[1]} holds {bad[2]} non-finite value(s)' if bad else
-           f'the Hamiltonian is {float(m["hamiltonian"])} and the largest move '
-           f'{float(m["max_move"])}') +
-          f'; stopped before saving (the last checkpoint, Phase A step {int(ck["step_a"])}, '
-          'is kept). Lower phase_a.relative_step, or check the inputs.')
+    _check_finite(what, f'{t + 1}/{n_steps}', state, m, int(ck['step_a']))
     run.steps_this_call += 1
     hist_d.add(m['drift_to_noise'])
     hist_f.add(m['repulsion_to_alignment'])
