@@ -27,6 +27,8 @@ from coulomb_jax import langevin
 from coulomb_jax import models
 from coulomb_jax import pallas_attention
 from coulomb_jax import parallel
+from experiments.analysis import loading
+from experiments.common import cli
 from experiments.run import train_config
 
 KEY = jax.random.key(0)
@@ -114,6 +116,19 @@ def _corrupt_tokenizer(tmp):
   with open(path, 'w', encoding='utf-8') as f:
     f.write('{"version": "1.0", "truncation": nu')
   return data.load_tokenizer(path)
+
+
+def _write(tmp, name, content):
+  path = os.path.join(tmp, name)
+  with open(path, 'wb') as f:
+    f.write(content)
+  return path
+
+
+def _npz_without_probs(tmp):
+  path = os.path.join(tmp, 'predictions_test.npz')
+  np.savez(path, labels=np.zeros(3, np.int64))
+  return loading.load_predictions(path)
 
 
 def _bad_vocab(tmp):
@@ -344,6 +359,15 @@ CASES = [
      ValueError, r'^y must be finite, got nan at index \(2,\)'),
     ('labels strings', lambda t: alignment.target_alignment(X, np.array(['a', 'b'] * 3)),
      ValueError, r'^y must hold numbers \(±1 for two classes\), got dtype <U1\.$'),
+    ('corrupt results.json', lambda t: loading.read_json(
+        _write(t, 'results.json', b'{"test": {"accuracy": 0.7')),
+     cli.ConfigError, r'^.*results\.json: not valid JSON \(Expecting'),
+    ('corrupt predictions npz', lambda t: loading.load_predictions(
+        _write(t, 'predictions_test.npz', b'PK\x03\x04 not a zip')),
+     cli.ConfigError, r'^.*predictions_test\.npz: not a readable predictions \.npz with '
+                      r'arrays labels and probs \('),
+    ('predictions npz without probs', _npz_without_probs,
+     cli.ConfigError, r'^.*predictions_test\.npz: not a readable predictions \.npz .*KeyError'),
     ('labels bool', lambda t: alignment.target_alignment(X, np.asarray(Y) > 0),
      ValueError, r'^y must hold numbers \(±1 for two classes\), got dtype bool\.$'),
 ]

@@ -12,6 +12,7 @@ whose ``results.json`` names another config than its folder's ``config.json``
 
 import json
 import os
+import zipfile
 
 import numpy as np
 
@@ -121,7 +122,7 @@ def load_predictions(path: str):
   try:
     with np.load(path, allow_pickle=False) as z:
       return np.asarray(z['labels'], np.int64), np.asarray(z['probs'], np.float64)
-  except (OSError, ValueError, KeyError, EOFError) as e:
+  except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
     if isinstance(e, FileNotFoundError):
       raise
     raise cli.ConfigError(f'{path}: not a readable predictions .npz with arrays labels and '
