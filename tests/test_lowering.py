@@ -277,3 +277,21 @@ def test_platform_choice_under_vmap():
       q, q, q, omega, feature_map='softmaxfeat'))
   with pytest.raises(ValueError, match='no TPU kernel'):
     _lower(soft, qs, platform='tpu')
+
+
+@pytest.mark.parametrize('fn', ['hamiltonian', 'particle_potentials'])
+def test_hamiltonian_precision_reaches_every_product_and_leaves_cpu_values(fn):
+  f = getattr(hl, fn)
+  call = lambda p: (lambda w: f(w, X, Y, feature_map='favor', lam=0.5, s='coulomb',
+                                precision=p))
+  highest = (jax.lax.Precision.HIGHEST,) * 2
+  for g in (call('highest'), jax.grad(lambda w: call('highest')(w).sum())):
+    text = jax.jit(g).trace(W).lower(lowering_platforms=('tpu',)).as_text()
+    assert text.count('dot_general') == text.count('precision = [HIGHEST, HIGHEST]') > 0
+  default = jax.jit(call(None)).trace(W).lower(lowering_platforms=('tpu',)).as_text()
+  assert 'dot_general' in default and 'HIGHEST' not in default
+  if ON_CPU:                                   # exact float32 either way on this backend
+    assert jnp.array_equal(call(None)(W), call('highest')(W))
+  with pytest.raises(ValueError, match=r"^precision must be None, a jax.lax.Precision or one "
+                                       r"of \('default', 'high', 'highest'\), got 'fp32'"):
+    call('fp32')(W)
