@@ -134,3 +134,35 @@ def test_the_page_keeps_its_text_and_redraws_its_table(tmp_path):
   assert text.count('| 16 | 2 | 16 | elu |') == 2
   with pytest.raises(ValueError, match='--block'):
     page.markers('a -->')
+
+
+def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.recall import convert  # pylint: disable=g-import-not-at-top
+  teacher_dir = str(tmp_path / 'softmax-L16-P2-w16-seed0')
+  run.train_and_evaluate(quick(), teacher_dir, lambda *_: None)
+  config, teacher = convert.read_teacher(teacher_dir)
+  student = methods.build(convert.dict_method(config, 'particles_softmax'), None).model
+  from coulomb_jax import lm  # pylint: disable=g-import-not-at-top
+  init = jax.device_get(lm.make_state(jax.random.key(0), student, 16).params)
+  params = convert.student_params(teacher, init)
+  np.testing.assert_array_equal(params['block_0']['attn']['query']['kernel'],
+                                teacher['block_0']['attn']['mha']['query']['kernel'])
+  np.testing.assert_array_equal(params['head']['kernel'], teacher['head']['kernel'])
+  np.testing.assert_array_equal(params['block_0']['attn']['particles'],
+                                init['block_0']['attn']['particles'])
+  rows = {m: convert.convert(teacher_dir, m, str(tmp_path / m), fit_steps=2, finetune_steps=2,
+                             log=lambda *_: None, metadata={'command': 'c', 'commit': 'x'})
+          for m in ('favor_orthogonal', 'particles_softmax')}
+  teacher_acc = json.load(open(os.path.join(teacher_dir, run.RESULT_FILE)))['accuracy']
+  for m, r in rows.items():
+    assert r['teacher_accuracy'] == pytest.approx(teacher_acc)    # the same evaluation batch
+    assert 0.0 <= r['zero_shot_accuracy'] <= 1.0 and 0.0 <= r['finetuned_accuracy'] <= 1.0
+    assert r['fit_steps'] == (2 if m == 'particles_softmax' else 0)
+  with pytest.raises(cli.ConfigError, match=r"^--teacher: .* is a 'elu' run"):
+    elu_dir = str(tmp_path / 'elu')
+    run.train_and_evaluate(quick('elu'), elu_dir, lambda *_: None)
+    convert.read_teacher(elu_dir)
+  with pytest.raises(cli.ConfigError, match=r"^--method must be one of"):
+    convert.convert(teacher_dir, 'softmax', str(tmp_path / 'x'), 1, 1)

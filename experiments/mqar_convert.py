@@ -1,0 +1,119 @@
+r"""Convert trained softmax MQAR models to linear attention: fit the features, then fine-tune.
+
+  python -m experiments.mqar_convert --teachers=workdir/mqar/main \
+      --workdir=workdir/mqar/convert --results=results/mqar_conversion.json \
+      --page=docs/recall.md
+
+Every finished ``softmax-*`` run under ``--teachers`` (``experiments.mqar``) is converted
+with each of ``--methods`` (``experiments/recall/convert.py``: the teacher's weights
+copied in, the features fitted to the teacher's attention or left random, zero-shot
+accuracy, then ``--finetune_steps`` with the features frozen) into
+``<workdir>/<method>-<teacher run>/``; finished conversions are skipped, so a killed
+command resumes. ``--results`` is rewritten from every finished conversion under
+``--workdir`` (never from fewer rows than it holds), ``--page`` gets the table between
+its ``mqar_conversion`` markers.
+"""
+
+import glob
+import json
+import os
+import sys
+
+if __name__ == '__main__' and not __package__:
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags
+
+from experiments.common import cli
+from experiments.common import page_block
+from experiments.common import provenance
+from experiments.recall import convert
+from experiments.recall import run as run_lib
+
+FLAGS = flags.FLAGS
+BEGIN = '<!-- mqar_conversion:begin (written by python -m experiments.mqar_convert) -->'
+END = '<!-- mqar_conversion:end -->'
+
+
+def teachers(root: str):
+  """The finished softmax runs under ``root``, shortest sequences first."""
+  if not os.path.isdir(root):
+    raise cli.ConfigError(f'--teachers: {root!r} is not a folder.')
+  found = []
+  for path in sorted(glob.glob(os.path.join(root, 'softmax-*', run_lib.RESULT_FILE))):
+    with open(path) as f:
+      row = json.load(f)
+    found.append((row['seq_len'], os.path.dirname(path)))
+  if not found:
+    raise cli.ConfigError(f'--teachers: no finished softmax-* run under {root!r}.')
+  return [d for _, d in sorted(found)]
+
+
+def collect(root: str, results: str) -> list:
+  """Every finished conversion under ``root``; refuses to replace ``results`` by fewer."""
+  rows = []
+  for path in sorted(glob.glob(os.path.join(root, '*', convert.RESULT_FILE))):
+    with open(path) as f:
+      rows.append(json.load(f))
+  order = {m: i for i, m in enumerate(convert.CONVERT_METHODS)}
+  rows.sort(key=lambda r: (r['seed'], r['width'], r['seq_len'], order.get(r['method'], 99)))
+  if os.path.exists(results):
+    with open(results) as f:
+      old = json.load(f).get('runs', [])
+    if len(old) > len(rows):
+      raise cli.ConfigError(f'--results: {results} holds {len(old)} conversions, '
+                            f'{root} only {len(rows)}; refusing to replace them by fewer.')
+  return rows
+
+
+def table(rows: list) -> list:
+  lines = ['| L | pairs | width | method | N | seed | teacher | zero-shot | fine-tuned | '
+           'fit steps | fine-tune steps |', '|---|---|---|---|---|---|---|---|---|---|---|']
+  for r in rows:
+    lines.append(f'| {r["seq_len"]} | {r["num_pairs"]} | {r["width"]} | {r["method"]} | '
+                 f'{r["num_features"]} | {r["seed"]} | {r["teacher_accuracy"]:.4f} | '
+                 f'{r["zero_shot_accuracy"]:.4f} | {r["finetuned_accuracy"]:.4f} | '
+                 f'{r["fit_steps"]} | {r["finetune_steps"]} |')
+  commits = sorted({r.get('commit', 'unknown') for r in rows})
+  commands = sorted({r.get('command', '') for r in rows})
+  return lines + ['', f'Commits of the runs: {", ".join(commits)}.',
+                  'Commands: ' + '; '.join(f'`{c}`' for c in commands) + '.']
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  if not FLAGS.workdir:
+    raise cli.ConfigError('--workdir is required.')
+  for m in FLAGS.methods:
+    if m not in convert.CONVERT_METHODS:
+      raise cli.ConfigError(f'--methods: {m!r} is not one of {convert.CONVERT_METHODS}.')
+  found = teachers(FLAGS.teachers)
+  metadata = provenance.run_metadata('experiments.mqar_convert')
+  if not FLAGS.collect_only:
+    for teacher in found:
+      for method in FLAGS.methods:
+        out = os.path.join(FLAGS.workdir, f'{method}-{os.path.basename(teacher)}')
+        convert.convert(teacher, method, out, FLAGS.fit_steps, FLAGS.finetune_steps,
+                        FLAGS.hedgehog_learning_rate, FLAGS.particle_step_size,
+                        metadata=metadata)
+  rows = collect(FLAGS.workdir, FLAGS.results)
+  if not rows:
+    raise cli.ConfigError(f'--workdir: no finished conversion under {FLAGS.workdir!r}.')
+  provenance.write_json_atomic(FLAGS.results, {'runs': rows}, indent=1)
+  if FLAGS.page:
+    page_block.write_block(FLAGS.page, BEGIN, END, table(rows))
+
+
+if __name__ == '__main__':
+  flags.DEFINE_string('teachers', 'workdir/mqar/main', 'Folder of finished softmax MQAR runs.')
+  flags.DEFINE_string('workdir', None, 'Folder of the conversions (one sub-folder each).')
+  flags.DEFINE_list('methods', list(convert.CONVERT_METHODS), 'Linear attentions to convert to.')
+  flags.DEFINE_integer('fit_steps', 200, 'Feature-fitting steps (hedgehog, particles_softmax).')
+  flags.DEFINE_integer('finetune_steps', 300, 'Fine-tuning steps, features frozen.')
+  flags.DEFINE_float('hedgehog_learning_rate', 3e-3, 'Adam step of the hedgehog fit.')
+  flags.DEFINE_float('particle_step_size', 3e-3, 'Langevin step η of the particles fit.')
+  flags.DEFINE_string('results', 'results/mqar_conversion.json', 'Results file rewritten.')
+  flags.DEFINE_string('page', '', 'Page whose mqar_conversion block is rewritten.')
+  flags.DEFINE_bool('collect_only', False, 'Only rewrite --results (and --page).')
+  cli.run(main)

@@ -1,0 +1,177 @@
+r"""Converting a trained softmax MQAR model to linear attention: fit the features, then tune.
+
+``convert(teacher_dir, method, workdir, fit_steps, finetune_steps)`` reads a finished
+``softmax`` run of ``experiments.mqar`` (its ``config.json`` and ``checkpoint.msgpack``),
+builds the same ``CausalLM`` with ``KernelAttention`` of ``method`` (N features per head,
+``methods.build``), copies every teacher weight into it (W_q, W_k, W_v, W_o under
+``attn``: the kernel path scales q and k by D_h^{-1/4}, so FAVOR+ estimates the teacher's
+exp(q·k/√D_h) exactly in expectation), and then:
+
+1. **Fit** (``fit_steps`` steps, every weight but the features frozen): the features move
+   on the softmax-mimicry Hamiltonian of each layer's own (= the teacher's) queries and
+   keys (``lm.MimicrySettings``: Hedgehog's cross-entropy between softmax and linear
+   attention rows, plus λ·repulsion for the particles):
+
+   ==================== ==================================================================
+   ``particles_softmax`` projected Langevin (the teacher's ``config.particles``: β, R,
+                         clip, λ; η = ``particle_step_size``, default 3e-3 as the long grid).
+   ``hedgehog``          W of φ = softmax([Wx, −Wx]) by Adam (``hedgehog_learning_rate``),
+                         λ = 0: the gradient-trained map.
+   ``favor_orthogonal``, no fit: the random features (the control).
+   ``elu``
+   ==================== ==================================================================
+
+2. **Zero-shot** accuracy at answer positions on the teacher's own evaluation batch (the
+   key of its seed), beside the teacher's accuracy on it.
+3. **Fine-tune** (``finetune_steps`` steps, features frozen): every other weight by AdamW
+   on the task loss (the teacher's learning rate), fresh batches; accuracy again.
+
+Batches of the fit and the fine-tune come from keys the teacher never trained on
+(``fold_in(seed key, 10)`` and ``11``). ``<workdir>/result.json`` (atomic) holds the row;
+a finished workdir is not run again. The fit and fine-tune are short (no checkpoint).
+"""
+
+import json
+import os
+import time
+
+import jax
+import ml_collections
+import optax
+from flax import serialization
+from flax.training import train_state
+
+from coulomb_jax import lm
+from coulomb_jax import mqar
+from coulomb_jax import training
+from experiments.common import cli
+from experiments.common import provenance
+from experiments.recall import methods
+from experiments.recall import run as run_lib
+
+CONVERT_METHODS = ('favor_orthogonal', 'elu', 'hedgehog', 'particles_softmax')
+FITTED = ('hedgehog', 'particles_softmax')
+RESULT_FILE = 'result.json'
+
+
+def read_teacher(teacher_dir: str):
+  """``(config, params)`` of a finished softmax run; one ``cli.ConfigError`` otherwise."""
+  paths = [os.path.join(teacher_dir, f) for f in (run_lib.CONFIG_FILE, run_lib.CHECKPOINT_FILE,
+                                                  run_lib.RESULT_FILE)]
+  for path in paths:
+    if not os.path.isfile(path):
+      raise cli.ConfigError(f'--teacher: {teacher_dir} is not a finished experiments.mqar run '
+                            f'({os.path.basename(path)} missing).')
+  try:
+    with open(paths[0]) as f:
+      config = ml_collections.ConfigDict(json.load(f))
+  except json.JSONDecodeError as e:
+    raise cli.ConfigError(f'--teacher: {paths[0]}: not valid JSON ({e}).') from None
+  if config.method != 'softmax':
+    raise cli.ConfigError(f'--teacher: {teacher_dir} is a {config.method!r} run; the teacher '
+                          'must be a softmax run.')
+  with open(paths[1], 'rb') as f:
+    blob = serialization.msgpack_restore(f.read())
+  if int(blob['step']) != config.train.steps:
+    raise cli.ConfigError(f'--teacher: {teacher_dir} stopped at step {blob["step"]} of '
+                          f'{config.train.steps}.')
+  return config, blob['state']['params']
+
+
+def student_params(teacher: dict, student: dict) -> dict:
+  """The student's params with every teacher weight copied in (its features kept)."""
+  out = {}
+  for name, value in student.items():
+    if name.startswith('block_'):
+      block = dict(teacher[name])
+      block['attn'] = dict(teacher[name]['attn']['mha'],
+                           **{training.PARTICLES: value['attn'][training.PARTICLES]})
+      out[name] = block
+    else:
+      out[name] = teacher[name]
+  shapes = jax.tree.map(lambda x: x.shape, out), jax.tree.map(lambda x: x.shape, student)
+  if shapes[0] != shapes[1]:
+    raise ValueError(f'teacher and student params differ: {shapes[0]} vs {shapes[1]}.')
+  return out
+
+
+def _state(model, params, particle_tx, rest_tx):
+  tx = optax.partition({training.PARTICLES: particle_tx, 'rest': rest_tx},
+                       training.partition_labels)
+  return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+
+def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetune_steps: int,
+            hedgehog_learning_rate: float = 3e-3, particle_step_size: float = 3e-3,
+            log=run_lib.log_line,
+            metadata=None) -> dict:
+  """One conversion (module docstring); returns and writes ``<workdir>/result.json``."""
+  if method not in CONVERT_METHODS:
+    raise cli.ConfigError(f'--method must be one of {CONVERT_METHODS}, got {method!r}.')
+  for name, value in (('fit_steps', fit_steps), ('finetune_steps', finetune_steps)):
+    if not isinstance(value, int) or value < 0:
+      raise cli.ConfigError(f'--{name} must be an integer >= 0, got {value!r}.')
+  if not hedgehog_learning_rate > 0:
+    raise cli.ConfigError(f'--hedgehog_learning_rate must be > 0, got {hedgehog_learning_rate}.')
+  config, teacher = read_teacher(teacher_dir)
+  result_path = os.path.join(workdir, RESULT_FILE)
+  if os.path.exists(result_path):
+    with open(result_path) as f:
+      return json.load(f)
+  metadata = metadata or provenance.run_metadata('experiments.mqar_convert')
+  config = config.copy_and_resolve_references()
+  config.method = method
+  config.particles.step_size = particle_step_size
+  run_lib.check_config(config)
+  keys = run_lib._keys(config.seed)   # pylint: disable=protected-access
+  built = methods.build(config, jax.random.key_data(keys['langevin']))
+  model = built.model
+  init = lm.make_state(keys['init'], model, config.data.seq_len).params
+  params = student_params(teacher, jax.device_get(init))
+  start = time.time()
+  data = run_lib.data_args(config)
+  teacher_model = methods.build(dict_method(config, 'softmax'), None).model
+  teacher_eval = run_lib.evaluate(teacher, teacher_model, config, keys['eval'])
+  if method in FITTED and fit_steps:
+    settings = built.mimicry or lm.MimicrySettings(lam=0.0, target=config.particles.target,
+                                                   rows=config.particles.rows)
+    particle_tx = built.particle_tx if method == 'particles_softmax' else optax.adam(
+        hedgehog_learning_rate)
+    state = _state(model, params, particle_tx, optax.set_to_zero())
+    for t in range(fit_steps):
+      batch = mqar.mqar_batch(jax.random.fold_in(keys['train'], 10_000_000 + t),
+                              config.train.batch_size, **data)
+      state, _ = lm.train_step(state, batch, settings, built.feature_map)
+    params = state.params
+  zero_shot = run_lib.evaluate(params, model, config, keys['eval'])
+  log(f'{workdir}: teacher {teacher_eval["accuracy"]:.4f}, zero-shot {method} '
+      f'{zero_shot["accuracy"]:.4f}')
+  t_cfg = config.train
+  state = _state(model, params, optax.set_to_zero(),
+                 optax.adamw(t_cfg.learning_rate, weight_decay=t_cfg.weight_decay))
+  for t in range(finetune_steps):
+    batch = mqar.mqar_batch(jax.random.fold_in(keys['train'], 20_000_000 + t),
+                            t_cfg.batch_size, **data)
+    state, _ = lm.train_step(state, batch, None, built.feature_map)
+  tuned = run_lib.evaluate(state.params, model, config, keys['eval'])
+  d = config.data
+  row = {'seq_len': d.seq_len, 'num_pairs': d.num_pairs, 'width': config.model.width,
+         'method': method, 'num_features': config.model.num_features, 'seed': config.seed,
+         'teacher_accuracy': float(teacher_eval['accuracy']),
+         'zero_shot_accuracy': float(zero_shot['accuracy']),
+         'finetuned_accuracy': float(tuned['accuracy']),
+         'zero_shot_loss': float(zero_shot['loss']), 'finetuned_loss': float(tuned['loss']),
+         'fit_steps': fit_steps if method in FITTED else 0, 'finetune_steps': finetune_steps,
+         'seconds': round(time.time() - start, 1),
+         'teacher': provenance.relative_path(teacher_dir), **metadata}
+  os.makedirs(workdir, exist_ok=True)
+  provenance.write_json_atomic(result_path, row, indent=2)
+  log(f'{workdir}: fine-tuned {row["finetuned_accuracy"]:.4f} ({row["seconds"]} s)')
+  return row
+
+
+def dict_method(config, method: str):
+  """A copy of ``config`` with ``method`` set."""
+  out = config.copy_and_resolve_references()
+  out.method = method
+  return out
