@@ -13,6 +13,8 @@
   theory            free energy, N-vs-2N distance and kernel spread on the synthetic problem
   attention_figure  kernel attention's time and memory against softmax (``docs/performance.md``)
   mqar              MQAR associative recall: one run or the grid
+  mqar_convert      trained softmax MQAR models converted to linear attention
+  phase_a_repulsion does stronger repulsion keep the particles apart (``.sh``: its runs)
   gpu_grid.sh       the paper-length grid on the GPU machine (``bash experiments/gpu_grid.sh``)
 
 Their parts live in sub-packages named for their job: ``run`` (one training run),
