@@ -8,7 +8,8 @@ are Triton for cuda, interpreted for cpu, and for tpu the Mosaic kernels
 the causal kernel); shapes Triton cannot compile are refused before lowering;
 ``precision`` reaches every product.
 
-Not yet covered here: the sharded step on an abstract mesh, Phase A/B steps, predict."""
+Phase A and Phase B steps and predict of a tiny encoder lower too. Not yet covered here:
+the sharded step on an abstract mesh."""
 
 import jax
 from jax.extend import core as jax_core
@@ -48,7 +49,34 @@ def _causal_lm_grad(attention):
   return jax.grad(lambda p: model.apply(p, tokens).sum()), (params,)
 
 
+def _encoder_steps(which):
+  """A Phase A step, a Phase B step or predict of a tiny encoder (``training``)."""
+  from coulomb_jax import training  # pylint: disable=g-import-not-at-top
+  model = models.EncoderClassifier(vocab_size=10, max_length=16, width=8, num_heads=2,
+                                   ffn_dim=8, num_features=4)
+  ids, mask = jnp.ones((2, 8), jnp.int32), jnp.ones((2, 8), bool)
+  batch = {'ids': ids, 'segments': ids, 'mask': mask, 'labels': jnp.array([0, 1]),
+           'weights': jnp.ones(2)}
+  params = model.init(jax.random.key(0), ids, ids, mask)['params']
+  if which == 'predict':
+    return training.make_predict(model), (params, batch)
+  if which == 'phase_a':
+    opt = training.phase_a_optimizer(jax.random.key(1), step_size=0.1, beta=10.0,
+                                     radius=1.0, clip_norm=10.0)
+    step = training.make_phase_a_step(model, opt, feature_map='favor', lam=0.1,
+                                      s='coulomb', softening=0.5)
+    return step, (training.TrainState(jnp.int32(0), params, opt.init(params)), batch)
+  opt = training.phase_b_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=4,
+                                   weight_decay=0.01, clip_norm=1.0)
+  step = training.make_phase_b_step(model, opt)
+  return (lambda state, b: step(jax.random.key(2), state, b),
+          (training.TrainState(jnp.int32(0), params, opt.init(params)), batch))
+
+
 ENTRIES = {
+    'phase_a_step': lambda: _encoder_steps('phase_a'),
+    'phase_b_step': lambda: _encoder_steps('phase_b'),
+    'predict': lambda: _encoder_steps('predict'),
     'rff': lambda: (lambda w: cj.features.rff(X, w), (W,)),
     'alignment': lambda: (lambda w: cj.target_alignment(cj.features.rff(X, w), Y), (W,)),
     'hamiltonian_grad': lambda: (jax.grad(lambda w: hl.hamiltonian(
