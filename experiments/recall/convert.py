@@ -26,8 +26,8 @@ exp(q·k/√D_h) exactly in expectation), and then:
 3. **Fine-tune** (``finetune_steps`` steps, features frozen): every other weight by AdamW
    on the task loss (the teacher's learning rate), fresh batches; accuracy again.
 
-Batches of the fit and the fine-tune come from keys the teacher never trained on
-(``fold_in(seed key, 10)`` and ``11``). ``<workdir>/result.json`` (atomic) holds the row;
+Batches of the fit and the fine-tune are fresh: the teacher's training key folded with
+10,000,000 + t and 20,000,000 + t, steps its training never reached. ``<workdir>/result.json`` (atomic) holds the row;
 a finished workdir is not run again. The fit and fine-tune are short (no checkpoint).
 """
 
