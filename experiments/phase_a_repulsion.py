@@ -21,7 +21,11 @@ of ``--docs``) is the table of those means; the page's words around it are kept.
 """
 
 import os
+import sys
 from typing import Dict, List
+
+if __name__ == '__main__' and not __package__:
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags
 import numpy as np
