@@ -28,6 +28,7 @@ from experiments.common import cli
 from experiments.common import page_block
 from experiments.common import provenance
 from experiments.recall import convert
+from experiments.recall import grid as grid_lib
 from experiments.recall import run as run_lib
 
 FLAGS = flags.FLAGS
@@ -55,8 +56,7 @@ def collect(root: str, results: str) -> list:
   for path in sorted(glob.glob(os.path.join(root, '*', convert.RESULT_FILE))):
     with open(path) as f:
       rows.append(json.load(f))
-  order = {m: i for i, m in enumerate(convert.CONVERT_METHODS)}
-  rows.sort(key=lambda r: (r['seed'], r['width'], r['seq_len'], order.get(r['method'], 99)))
+  rows = grid_lib.sort_rows(rows)
   if os.path.exists(results):
     with open(results) as f:
       old = json.load(f).get('runs', [])

@@ -142,8 +142,9 @@ def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
   from experiments.recall import convert  # pylint: disable=g-import-not-at-top
   teacher_dir = str(tmp_path / 'softmax-L16-P2-w16-seed0')
   run.train_and_evaluate(quick(), teacher_dir, lambda *_: None)
-  config, teacher = convert.read_teacher(teacher_dir)
-  student = methods.build(convert.dict_method(config, 'particles_softmax'), None).model
+  config, teacher, _ = convert.read_teacher(teacher_dir)
+  student = methods.build(grid.apply_overrides(config, {'method': 'particles_softmax'}),
+                          None).model
   from coulomb_jax import lm  # pylint: disable=g-import-not-at-top
   init = jax.device_get(lm.make_state(jax.random.key(0), student, 16).params)
   params = convert.student_params(teacher, init)

@@ -22,7 +22,7 @@ exp(q·k/√D_h) exactly in expectation), and then:
    ==================== ==================================================================
 
 2. **Zero-shot** accuracy at answer positions on the teacher's own evaluation batch (the
-   key of its seed), beside the teacher's accuracy on it.
+   key of its seed), beside the teacher's accuracy on it (from its ``result.json``).
 3. **Fine-tune** (``finetune_steps`` steps, features frozen): every other weight by AdamW
    on the task loss (the teacher's learning rate), fresh batches; accuracy again.
 
@@ -46,6 +46,7 @@ from coulomb_jax import mqar
 from coulomb_jax import training
 from experiments.common import cli
 from experiments.common import provenance
+from experiments.recall import grid as grid_lib
 from experiments.recall import methods
 from experiments.recall import run as run_lib
 
@@ -55,7 +56,9 @@ RESULT_FILE = 'result.json'
 
 
 def read_teacher(teacher_dir: str):
-  """``(config, params)`` of a finished softmax run; one ``cli.ConfigError`` otherwise."""
+  """``(config, params, result)`` of a finished softmax run (``result``: its
+  ``result.json``, whose accuracy is on the evaluation batch the conversion uses too); one
+  ``cli.ConfigError`` otherwise."""
   paths = [os.path.join(teacher_dir, f) for f in (run_lib.CONFIG_FILE, run_lib.CHECKPOINT_FILE,
                                                   run_lib.RESULT_FILE)]
   for path in paths:
@@ -75,7 +78,9 @@ def read_teacher(teacher_dir: str):
   if int(blob['step']) != config.train.steps:
     raise cli.ConfigError(f'--teacher: {teacher_dir} stopped at step {blob["step"]} of '
                           f'{config.train.steps}.')
-  return config, blob['state']['params']
+  with open(paths[2]) as f:
+    result = json.load(f)
+  return config, blob['state']['params'], result
 
 
 def student_params(teacher: dict, student: dict) -> dict:
@@ -113,15 +118,14 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
       raise cli.ConfigError(f'--{name} must be an integer >= 0, got {value!r}.')
   if not hedgehog_learning_rate > 0:
     raise cli.ConfigError(f'--hedgehog_learning_rate must be > 0, got {hedgehog_learning_rate}.')
-  config, teacher = read_teacher(teacher_dir)
+  config, teacher, teacher_result = read_teacher(teacher_dir)
   result_path = os.path.join(workdir, RESULT_FILE)
   if os.path.exists(result_path):
     with open(result_path) as f:
       return json.load(f)
   metadata = metadata or provenance.run_metadata('experiments.mqar_convert')
-  config = config.copy_and_resolve_references()
-  config.method = method
-  config.particles.step_size = particle_step_size
+  config = grid_lib.apply_overrides(config, {'method': method,
+                                             'particles.step_size': particle_step_size})
   run_lib.check_config(config)
   keys = run_lib._keys(config.seed)   # pylint: disable=protected-access
   built = methods.build(config, jax.random.key_data(keys['langevin']))
@@ -130,8 +134,6 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
   params = student_params(teacher, jax.device_get(init))
   start = time.time()
   data = run_lib.data_args(config)
-  teacher_model = methods.build(dict_method(config, 'softmax'), None).model
-  teacher_eval = run_lib.evaluate(teacher, teacher_model, config, keys['eval'])
   if method in FITTED and fit_steps:
     settings = built.mimicry or lm.MimicrySettings(lam=0.0, target=config.particles.target,
                                                    rows=config.particles.rows)
@@ -144,7 +146,7 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
       state, _ = lm.train_step(state, batch, settings, built.feature_map)
     params = state.params
   zero_shot = run_lib.evaluate(params, model, config, keys['eval'])
-  log(f'{workdir}: teacher {teacher_eval["accuracy"]:.4f}, zero-shot {method} '
+  log(f'{workdir}: teacher {teacher_result["accuracy"]:.4f}, zero-shot {method} '
       f'{zero_shot["accuracy"]:.4f}')
   t_cfg = config.train
   state = _state(model, params, optax.set_to_zero(),
@@ -157,7 +159,7 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
   d = config.data
   row = {'seq_len': d.seq_len, 'num_pairs': d.num_pairs, 'width': config.model.width,
          'method': method, 'num_features': config.model.num_features, 'seed': config.seed,
-         'teacher_accuracy': float(teacher_eval['accuracy']),
+         'teacher_accuracy': float(teacher_result['accuracy']),
          'zero_shot_accuracy': float(zero_shot['accuracy']),
          'finetuned_accuracy': float(tuned['accuracy']),
          'zero_shot_loss': float(zero_shot['loss']), 'finetuned_loss': float(tuned['loss']),
@@ -168,10 +170,3 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
   provenance.write_json_atomic(result_path, row, indent=2)
   log(f'{workdir}: fine-tuned {row["finetuned_accuracy"]:.4f} ({row["seconds"]} s)')
   return row
-
-
-def dict_method(config, method: str):
-  """A copy of ``config`` with ``method`` set."""
-  out = config.copy_and_resolve_references()
-  out.method = method
-  return out

@@ -178,6 +178,11 @@ def _step_keys(manager, step):
   return _saved_keys(lambda: ocp.StandardCheckpointer().metadata(path))
 
 
+def _leaf_name(path) -> str:
+  """A pytree key path as ``a/b/c`` (dict keys and sequence indices)."""
+  return '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path)
+
+
 def check_finite(ckpt, where: str, parts=('params', 'best_params', 'stage_start')):
   """One ``cli.ConfigError`` if a floating leaf of ``ckpt[part]`` holds NaN or ±inf,
   naming the first such leaf (e.g. ``params/encoder_0/attention/particles``) and where it
@@ -191,7 +196,7 @@ def check_finite(ckpt, where: str, parts=('params', 'best_params', 'stage_start'
         continue
       bad = ~np.isfinite(a.astype(np.float32))
       if bad.any():
-        name = '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path)
+        name = _leaf_name(path)
         first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise cli.ConfigError(
             f'{where}: {part}/{name} holds {int(bad.sum())} non-finite value(s) (first '
@@ -210,8 +215,7 @@ def non_finite_particles(params):
     bad = ~np.isfinite(a.reshape((-1,) + a.shape[-2:]))
     heads = np.flatnonzero(bad.any(axis=(1, 2)))
     if heads.size:
-      name = '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path)
-      return name, int(heads[0]), int(bad[heads[0]].sum())
+      return _leaf_name(path), int(heads[0]), int(bad[heads[0]].sum())
   return None
 
 
