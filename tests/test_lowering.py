@@ -8,8 +8,10 @@ are Triton for cuda, interpreted for cpu, and for tpu the Mosaic kernels
 the causal kernel); shapes Triton cannot compile are refused before lowering;
 ``precision`` reaches every product.
 
-Phase A and Phase B steps and predict of a tiny encoder lower too. Not yet covered here:
-the sharded step on an abstract mesh."""
+Phase A and Phase B steps and predict of a tiny encoder lower too, and the sharded
+Langevin step on an abstract mesh of 4 and 8 devices (``jax.sharding.AbstractMesh``: no
+such devices needed). ``pmap`` needs real devices, so it is tested on fake CPU devices
+in tests/test_parallel.py instead."""
 
 import jax
 from jax.extend import core as jax_core
@@ -323,3 +325,26 @@ def test_hamiltonian_precision_reaches_every_product_and_leaves_cpu_values(fn):
   with pytest.raises(ValueError, match=r"^precision must be None, a jax.lax.Precision or one "
                                        r"of \('default', 'high', 'highest'\), got 'fp32'"):
     call('fp32')(W)
+
+
+@pytest.mark.parametrize('platform', PLATFORMS)
+@pytest.mark.parametrize('devices', [4, 8])
+@pytest.mark.parametrize('axis_type', ['Explicit', 'Auto'])
+def test_sharded_langevin_step_lowers_on_an_abstract_mesh(devices, axis_type, platform):
+  """``langevin_step_on_mesh`` on a mesh of 4 or 8 devices this host does not have: an
+  ``AbstractMesh`` and ``ShapeDtypeStruct``s carrying its shardings. The program is
+  partitioned over every device, each holds its block of particles in a manual
+  (shard_map) region, and the blocks are gathered once for the pairwise repulsion."""
+  from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from coulomb_jax import parallel  # pylint: disable=g-import-not-at-top
+  mesh = AbstractMesh((devices,), ('p',), axis_types=(getattr(AxisType, axis_type),))
+  placed = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                sharding=NamedSharding(mesh, spec))
+  omega = placed(jnp.zeros((2 * devices, 4)), PartitionSpec('p'))      # [N, d], N = 2P
+  f = lambda k, w, x, y: parallel.langevin_step_on_mesh(
+      k, w, x, y, mesh=mesh, axis_name='p', feature_map='rff', lam=0.5, s='coulomb',
+      step_size=0.1, beta=10.0, radius=1.0)
+  text = _lower(f, jax.random.key(0), omega, placed(X, PartitionSpec()),
+                placed(Y, PartitionSpec()), platform=platform)
+  assert f'mhlo.num_partitions = {devices}' in text
+  assert 'sdy.manual_computation' in text and 'stablehlo.all_gather' in text
