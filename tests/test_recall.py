@@ -102,13 +102,13 @@ def test_plan_is_cheapest_first_and_complete():
 def test_a_grid_with_its_own_overrides_sets_them_on_every_run():
   runs = grid.plan('long')
   assert [name.split('-')[0] for name, _ in runs] == [
-      'particles_softmax', 'hedgehog', 'elu', 'favor_orthogonal'] * 4
+      'particles_softmax', 'hedgehog', 'elu', 'favor_orthogonal'] * 6
   assert [name.split('-', 2)[1] + name[-1] for name, _ in runs[::4]] == [
-      'L640', 'L641', 'L1280', 'L1281']      # length-major: both seeds at L = 64 first
+      'L640', 'L641', 'L1280', 'L1281', 'L2560', 'L2561']   # length-major: both seeds per length
   for _, overrides in runs:
     config = grid.apply_overrides(mqar_config.get_config(), overrides)
     assert config.train.steps == 6000 and config.particles.step_size == 3e-3
-    assert (config.data.seq_len, config.data.num_pairs) in ((64, 4), (128, 8))
+    assert (config.data.seq_len, config.data.num_pairs) in ((64, 4), (128, 8), (256, 16))
     run.check_config(config)
 
 

@@ -24,13 +24,13 @@ GRIDS = {
     # Issue 25: L = 64/128/256 with 4/8/16 pairs, widths 64 and 128, 2 seeds.
     'main': {'lengths': ((64, 4), (128, 8), (256, 16)), 'widths': (64, 128),
              'methods': methods.METHODS, 'seeds': (0, 1)},
-    # The linear maps at L = 64 and 128 for 5x the steps (6000; softmax leaves the 1/P plateau by
+    # The linear maps at L = 64, 128 and 256 for 5x the steps (6000; softmax leaves the 1/P plateau by
     # step 900 of 1200), particles with a 30x larger Langevin step (3e-3; at 1e-4 they
     # barely moved). Write it to its own results file: its runs share main's run keys.
-    'long': {'lengths': ((64, 4), (128, 8)), 'widths': (64,),
+    'long': {'lengths': ((64, 4), (128, 8), (256, 16)), 'widths': (64,),
              'methods': ('particles_softmax', 'hedgehog', 'elu', 'favor_orthogonal'),
              'seeds': (0, 1), 'overrides': {'train.steps': 6000, 'particles.step_size': 3e-3},
-             'length_major': True},   # both seeds at L = 64 before any L = 128 run
+             'length_major': True},   # both seeds at one length before the next length
     # A test-sized grid (with configs/mqar.py:quick).
     'tiny': {'lengths': ((16, 2),), 'widths': (16,), 'methods': ('softmax', 'elu'),
              'seeds': (0,)},
