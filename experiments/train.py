@@ -282,6 +282,7 @@ def setup_run(config: ml_collections.ConfigDict, folder: run_folder.RunFolder, m
   target = checkpoints.initial_state(params, opt_b, len(ld.LogHistogram().counts), fingerprint,
                                      config_digest=run_identity.digest_of(config))
   ckpt = _restore(config, folder, target, sharder, len(stage_list))
+  checkpoints.check_free_space(folder.path, ckpt, folder.checkpoint_manager)
   chief = jax.process_index() == 0
   kind = run_kind(config, params)
   total_a = (sum(spe_a * s.num_epochs for s in stage_list if s.phase == 'a')
@@ -371,7 +372,8 @@ def main(argv, flag_values: Optional[flags.FlagValues] = None) -> None:
     handler.addFilter(train_flags.QuietOrbax())
   if fv.jax_distributed:
     try:
-      train_flags.init_distributed(fv.coordinator_address, fv.num_processes, fv.process_id)
+      train_flags.init_distributed(fv.coordinator_address, fv.num_processes, fv.process_id,
+                                   timeout=fv.distributed_timeout)
     except ValueError as e:    # e.g. no cluster detected and no --coordinator_address
       raise cli.ConfigError(f'--jax_distributed: {" ".join(str(e).split())} (no cluster '
                             'detected? give --coordinator_address=HOST:PORT --num_processes=N '

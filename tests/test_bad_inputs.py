@@ -492,6 +492,9 @@ CLI_CASES = [
      lambda t: _train_args(t, '--jax_distributed', '--coordinator_address=localhost',
                            '--num_processes=2', '--process_id=0'),
      r"^--coordinator_address: expected HOST:PORT, got 'localhost'\.$"),
+    ('train distributed_timeout 0', 'train',
+     lambda t: _train_args(t, '--jax_distributed', '--distributed_timeout=0'),
+     r'^--distributed_timeout: expected an integer ≥ 1 \(seconds\), got 0\.$'),
     ('train stop_after_steps 0', 'train', lambda t: _train_args(t, '--stop_after_steps=0'),
      r'^--stop_after_steps: expected an integer ≥ 1, got 0\.$'),
     ('train no workdir', 'train', lambda t: [f'--config={_RT}:softmax'],
@@ -607,3 +610,30 @@ def test_padded_slots_may_hold_any_id():
   odd = model.apply(params, IDS.at[:, 4:].set(10), IDS.at[:, 4:].set(2), mask)
   assert np.all(np.isfinite(np.asarray(odd)))
   np.testing.assert_array_equal(np.asarray(odd), np.asarray(clean))
+
+
+@pytest.mark.parametrize('process_id, says', [
+    (1, r'process 1 of 2: no coordinator answered at 127\.0\.0\.1:\d+'),
+    (0, r'process 0 \(the coordinator, at 127\.0\.0\.1:\d+\): the other 1 process\(es\) did '
+        r'not connect'),
+])
+def test_distributed_without_peers_ends_in_one_line_not_an_abort(process_id, says, tmp_path):
+  """jaxlib aborts (SIGABRT, a C++ trace) when the processes do not all connect; the
+  watchdog of ``train_flags.init_distributed`` gives one line and status 2 first, and
+  nothing is written to the run folder."""
+  import socket  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:                              # a port nobody listens on
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  argv = _train_args(str(tmp_path), '--jax_distributed', f'--coordinator_address=127.0.0.1:{port}',
+                     '--num_processes=2', f'--process_id={process_id}', '--distributed_timeout=2')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='3')
+  proc = subprocess.run([sys.executable, os.path.join(_REPO, 'experiments', 'train.py'), *argv],
+                        capture_output=True, text=True, timeout=120, env=env, cwd=str(tmp_path))
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  errors = [l for l in proc.stderr.splitlines() if l.startswith('train: error: ')]
+  assert len(errors) == 1 and 'Aborted' not in proc.stderr and '@     0x' not in proc.stderr
+  assert re.search(r'^train: error: --jax_distributed: ' + says + r' within '
+                   r'--distributed_timeout=2 s \(are all 2 processes started', errors[0]), errors
+  assert not os.path.exists(os.path.join(str(tmp_path), 'w', 'results.json'))

@@ -11,10 +11,12 @@ a wrong variant (``--config=configs/synthetic.py:quik``), a config file that
 does not exist, an unknown flag or a value of the wrong type into one line on
 standard error, with ml_collections' "Did you mean" suggestion when it has one,
 and exit status 2. Inside ``main``, a ``ConfigError`` (a ``ValueError``; raise it
-for a bad config value found before any work starts) ends the same way. Every
-other exception keeps its traceback: it is a bug, not a typo.
+for a bad config value found before any work starts), a ``StorageError`` (the disk
+refused a write, e.g. a checkpoint) and any ``OSError`` of a full disk (ENOSPC) end
+the same way. Every other exception keeps its traceback: it is a bug, not a typo.
 """
 
+import errno
 import os
 import re
 import sys
@@ -26,6 +28,10 @@ from absl import flags
 
 class ConfigError(ValueError):
   """A bad config value or workdir, found before the run starts: reported in one line."""
+
+
+class StorageError(OSError):
+  """A write the disk refused (full, read-only, ...), with what was kept: one line."""
 
 
 _EXCEPTION_LINE = re.compile(r'^\s*(?:[\w.]+\.)?\w*(?:Error|Exception): (.*)$')
@@ -61,10 +67,16 @@ def one_line(error: BaseException, argv: Sequence[str] = ()) -> str:
   return ' '.join(lines) if lines else type(error).__name__
 
 
-def fail(message: str) -> None:
-  """Prints ``<program>: error: <message>`` on standard error and exits with status 2."""
+def fail(message: str, exit_now: bool = False) -> None:
+  """Prints ``<program>: error: <message>`` on standard error and exits with status 2.
+
+  ``exit_now``: ``os._exit(2)`` instead of ``sys.exit(2)``, for a thread that must end
+  the process while the main thread is blocked in native code.
+  """
   program = os.path.splitext(os.path.basename(sys.argv[0] or 'experiment'))[0]
   print(f'{program}: error: {message}', file=sys.stderr, flush=True)
+  if exit_now:
+    os._exit(2)  # pylint: disable=protected-access
   sys.exit(2)
 
 
@@ -88,6 +100,12 @@ def run(main: Callable[[list], object], config_flags: Sequence[str] = ('config',
   def checked_main(argv):
     try:
       return main(argv)
-    except ConfigError as e:
+    except (ConfigError, StorageError) as e:
       fail(str(e))
+    except OSError as e:
+      if e.errno != errno.ENOSPC:
+        raise
+      fail(f'{e.filename or "a file"}: no space left on device ({e.strerror}); what was '
+           'written before is kept (files are replaced atomically). Free some space and '
+           'rerun the same command.')
   app.run(checked_main, flags_parser=lambda argv: parse_flags(argv, config_flags))

@@ -68,9 +68,11 @@ def write_atomic(path: str, text: str) -> None:
     with open(tmp, 'w') as f:
       f.write(text)
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     if os.path.exists(tmp):
       os.remove(tmp)
+    if isinstance(e, OSError) and e.filename is None:
+      e.filename = path            # f.write's OSError names no file; the one-line error will
     raise
 
 

@@ -220,13 +220,102 @@ def non_finite_particles(params):
 
 
 def save(manager, ckpt, sharder=None):
-  """Saves ``ckpt`` (all processes call it; with several, every leaf made a global array)."""
+  """Saves ``ckpt`` (all processes call it; with several, every leaf made a global array).
+
+  A failed save (a full disk, most often) is one ``cli.StorageError`` line naming the
+  folder, the step and the cause, instead of orbax's tracebacks; the unfinished step's
+  temporary folder is removed and the earlier checkpoints stay as they were.
+  """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   step = int(ckpt['step_a']) + int(ckpt['step_b']) + int(ckpt['stage'])
   if jax.process_count() > 1:
     ckpt = (sharder or sharding.Sharder()).replicate(ckpt)
-  manager.save(step, args=ocp.args.StandardSave(ckpt), force=True)
-  manager.wait_until_finished()
+  with _quiet_orbax():
+    try:
+      manager.save(step, args=ocp.args.StandardSave(ckpt), force=True)
+      manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
+      raise _save_failed(str(manager.directory), step, e) from None
+
+
+def checkpoint_bytes(ckpt) -> int:
+  """Bytes of the arrays of a checkpoint tree (what one saved step holds, about)."""
+  return int(sum(np.dtype(getattr(a, 'dtype', np.asarray(a).dtype)).itemsize
+                 * int(np.prod(np.shape(a))) for a in jax.tree_util.tree_leaves(ckpt)))
+
+
+def check_free_space(workdir, ckpt, manager=None, kept: int = 2) -> None:
+  """One ``cli.StorageError`` before any compute if ``workdir``'s filesystem cannot hold
+  the checkpoints this run will write: ``kept`` steps plus the one being written, less
+  those already there (raw array bytes: orbax compresses, so this errs high)."""
+  size = checkpoint_bytes(ckpt)
+  have = len(manager.all_steps()) if manager is not None else 0
+  need = size * (kept + 1 - min(have, kept))
+  free = shutil.disk_usage(workdir).free
+  if free < need:
+    raise cli.StorageError(
+        f'workdir {workdir!r}: {_mib(free)} free on its filesystem, but this run\'s '
+        f'checkpoints need about {_mib(need)} ({kept} kept plus one being written, '
+        f'{_mib(size)} each); free some space or choose another --workdir.')
+
+
+def _mib(n: int) -> str:
+  return f'{n / 2**20:.1f} MiB'
+
+
+def _error_chain(error: BaseException) -> str:
+  """The messages of ``error`` and of every exception it was raised from, joined."""
+  seen, texts = set(), []
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    texts.append(f'{type(error).__name__}: {error}')
+    error = error.__cause__ or error.__context__
+  return ' | '.join(' '.join(t.split()) for t in texts)
+
+
+def _save_failed(directory: str, step, error: BaseException) -> 'cli.StorageError':
+  """The one-line error of a failed save of checkpoint ``step`` (an int) or of the folder
+  ``step`` (a name: ``prefix``) in ``directory``; removes its unfinished temporary folder."""
+  if jax.process_index() == 0 and os.path.isdir(directory):
+    for name in os.listdir(directory):
+      if name.startswith(f'{step}.') and 'tmp' in name:
+        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+  if isinstance(step, str):
+    what, last = f'{step}/', 'the checkpoints in checkpoints/ are kept'
+  else:
+    kept = sorted(int(n) for n in os.listdir(directory) if n.isdigit() and int(n) != step)
+    what = f'checkpoint step {step}'
+    last = (f'the last complete checkpoint (step {kept[-1]}) is kept' if kept else
+            'there is no earlier checkpoint')
+  chain = _error_chain(error)
+  full = ('No space left on device' in chain or "os_error_code='28'" in chain
+          or getattr(error, 'errno', None) == 28)
+  if full:
+    free = shutil.disk_usage(directory).free if os.path.isdir(directory) else 0
+    return cli.StorageError(
+        f'{directory}: no space left on device while saving {what} '
+        f'({_mib(free)} free after removing the unfinished one); {last}. Free some space '
+        'and rerun the same command: it resumes from there.')
+  first = chain if len(chain) < 300 else chain[:297] + '...'
+  return cli.StorageError(
+      f'{directory}: saving {what} failed ({first}); {last} and the '
+      'unfinished one removed.')
+
+
+class _quiet_orbax:  # pylint: disable=invalid-name
+  """While open: orbax's own log records dropped and its closed-event-loop reports
+  silenced (``_DropOrbaxRecords``, ``_quiet_closed_loop``); the caller reports failures."""
+
+  def __enter__(self):
+    self._filter = _DropOrbaxRecords()
+    std_logging.getLogger('absl').addFilter(self._filter)
+    if not getattr(sys.unraisablehook, 'quiets_closed_loops', False):
+      sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+    return self
+
+  def __exit__(self, *exc):
+    std_logging.getLogger('absl').removeFilter(self._filter)
+    return False
 
 
 def restore(manager, target, sharder=None, legacy=None):
@@ -326,8 +415,12 @@ def save_prefix(workdir, ckpt, sharder=None):
     if jax.process_count() > 1:
       ckpt = (sharder or sharding.Sharder()).replicate(ckpt)
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(path, ckpt)
-    checkpointer.wait_until_finished()
+    with _quiet_orbax():
+      try:
+        checkpointer.save(path, ckpt)
+        checkpointer.wait_until_finished()
+      except Exception as e:  # pylint: disable=broad-except  (as in save)
+        raise _save_failed(os.path.dirname(path), PREFIX, e) from None
 
 
 def restore_prefix(source, target, sharder=None, source_digest=None):

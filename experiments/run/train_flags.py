@@ -13,6 +13,7 @@ import logging as std_logging
 import os
 import re
 import textwrap
+import threading
 from typing import Optional
 
 import jax
@@ -48,6 +49,9 @@ def define_flags(flag_values: Optional[flags.FlagValues] = None) -> None:
                        flag_values=fv)
   flags.DEFINE_integer('process_id', None, 'With --jax_distributed: this process, 0 .. '
                        'num_processes − 1.', flag_values=fv)
+  flags.DEFINE_integer('distributed_timeout', 300, 'With --jax_distributed: seconds to wait '
+                       'for the coordinator and every process to connect, then one error '
+                       'line (exit status 2) instead of jaxlib aborting.', flag_values=fv)
   flags.DEFINE_integer('stop_after_steps', None, 'Checkpoint and exit after this many steps '
                        '(resumable).', flag_values=fv)
   flags.mark_flag_as_required('config', flag_values=fv)
@@ -75,6 +79,9 @@ def check_flags(fv) -> None:
     if not 0 <= fv.process_id < fv.num_processes:
       raise cli.ConfigError(f'--process_id: expected 0 .. {fv.num_processes - 1} (for '
                             f'--num_processes={fv.num_processes}), got {fv.process_id}.')
+  if fv.distributed_timeout < 1:
+    raise cli.ConfigError(f'--distributed_timeout: expected an integer ≥ 1 (seconds), got '
+                          f'{fv.distributed_timeout}.')
   if fv.stop_after_steps is not None and fv.stop_after_steps < 1:
     raise cli.ConfigError(f'--stop_after_steps: expected an integer ≥ 1, got '
                           f'{fv.stop_after_steps}.')
@@ -82,14 +89,40 @@ def check_flags(fv) -> None:
 
 def init_distributed(coordinator_address: Optional[str] = None,
                      num_processes: Optional[int] = None,
-                     process_id: Optional[int] = None) -> None:
+                     process_id: Optional[int] = None, *, timeout: int = 300) -> None:
   """``jax.distributed.initialize``, with gloo for collectives between CPU processes.
 
-  All three None: jax detects the cluster (SLURM, Open MPI, Cloud TPU, ...).
+  All three None: jax detects the cluster (SLURM, Open MPI, Cloud TPU, ...). If the
+  processes have not all connected after ``timeout`` seconds, jaxlib would abort the
+  interpreter (SIGABRT, a C++ stack trace, no Python exception), so a watchdog thread
+  prints one error line naming the address and exits with status 2 first (nothing has
+  been written by then). jax's own timeout is set a minute later, as a backstop.
   """
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  done = threading.Event()
+
+  def watchdog():
+    if done.wait(timeout):
+      return
+    where = coordinator_address or 'the detected coordinator'
+    if process_id is None:
+      who = 'this process'
+    elif process_id == 0:
+      who = (f'process 0 (the coordinator, at {where}): the other {num_processes - 1} '
+             f'process(es) did not connect')
+    else:
+      who = f'process {process_id} of {num_processes}: no coordinator answered at {where}'
+    cli.fail(f'--jax_distributed: {who} within --distributed_timeout={timeout} s (are all '
+             f'{num_processes or "the"} processes started, with the same '
+             f'--coordinator_address and --num_processes?)', exit_now=True)
+
+  threading.Thread(target=watchdog, daemon=True, name='distributed-watchdog').start()
+  try:
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id,
+                               initialization_timeout=timeout + 60)
+  finally:
+    done.set()
   logging.info('jax.distributed: process %d of %d, %d of %d devices here.',
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count())
