@@ -47,6 +47,7 @@ import optax
 from coulomb_jax import _checks
 from coulomb_jax import attention_core
 from coulomb_jax import features
+from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import repulsion
 
@@ -324,14 +325,15 @@ def mimicry_hamiltonian_terms(
     feature_map: str, lam: float, s: repulsion.Exponent = 'coulomb',
     softening: float = repulsion.DEFAULT_SOFTENING, target: str = 'cross_entropy',
     key_mask: Optional[jax.Array] = None,
-    query_mask: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
+    query_mask: Optional[jax.Array] = None, precision=None) -> Tuple[jax.Array, jax.Array]:
   """``(data_term, repulsion_term)``; arguments as ``mimicry_hamiltonian``."""
   if target not in TARGETS:
     raise ValueError(f'target must be one of {TARGETS}, got {target!r}.')
   _check_all(q, k, omega, feature_map, key_mask, query_mask)
   _checks.check_nonnegative('lam', lam)   # λ < 0 would attract the particles together
-  data = _DATA_TERMS[target](q, k, omega, feature_map, key_mask, query_mask=query_mask)
-  return data, repulsion.riesz_energy(omega, s, softening)
+  with hamiltonian.matmul_precision(precision):
+    data = _DATA_TERMS[target](q, k, omega, feature_map, key_mask, query_mask=query_mask)
+    return data, repulsion.riesz_energy(omega, s, softening)
 
 
 def mimicry_hamiltonian(
@@ -339,7 +341,7 @@ def mimicry_hamiltonian(
     feature_map: str, lam: float, s: repulsion.Exponent = 'coulomb',
     softening: float = repulsion.DEFAULT_SOFTENING, target: str = 'cross_entropy',
     key_mask: Optional[jax.Array] = None,
-    query_mask: Optional[jax.Array] = None) -> jax.Array:
+    query_mask: Optional[jax.Array] = None, precision=None) -> jax.Array:
   r"""H(Ω) = D(Ω) + λ·W_s(Ω) (scalar): the label Hamiltonian with softmax as the target.
 
   D is CE (``"cross_entropy"``), KL (``"kl"``, same gradient as CE) or
@@ -356,10 +358,12 @@ def mimicry_hamiltonian(
     target: a name in ``TARGETS``.
     key_mask: optional ``[..., L_k]`` bool, True for real keys.
     query_mask: optional ``[..., L_q]`` bool, True for real query rows.
+    precision: of every matrix product (``hamiltonian.matmul_precision``; None: the
+      backend's default).
   """
   data, rep = mimicry_hamiltonian_terms(omega, q, k, feature_map=feature_map, lam=lam, s=s,
                                         softening=softening, target=target, key_mask=key_mask,
-                                        query_mask=query_mask)
+                                        query_mask=query_mask, precision=precision)
   return data + lam * rep
 
 

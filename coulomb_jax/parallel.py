@@ -47,7 +47,7 @@ def sharded_langevin_step(
     s: repulsion.Exponent = 'coulomb',
     softening: float = repulsion.DEFAULT_SOFTENING,
     step_size: float, beta: float, radius: float,
-    clip_norm: Optional[float] = None,
+    clip_norm: Optional[float] = None, precision=None,
 ) -> jax.Array:
   r"""One projected Langevin step on this device's particles, ``[M, d] → [M, d]``.
 
@@ -94,7 +94,8 @@ def sharded_langevin_step(
                                     self_index_offset=offset)
     return data + lam * (2.0 / num) * jnp.sum(pot)
 
-  grad = jax.grad(local_energy)(omega_shard)
+  with hamiltonian_lib.matmul_precision(precision):
+    grad = jax.grad(local_energy)(omega_shard)
   grad = langevin.clip_by_global_norm(grad, clip_norm, langevin.global_norm(grad, axis_name))
   new, _ = langevin._move(key, omega_shard, grad, step_size=step_size, beta=beta,
                           radius=radius, num_particles=num, row_offset=offset)

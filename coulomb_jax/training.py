@@ -142,8 +142,11 @@ def phase_a_inputs(model: nn.Module, params, batch) -> Dict[Tuple[str, ...], jax
 
 
 def phase_a_objective(params, inputs, labels, weights, *, feature_map, lam: float, s,
-                      softening: float):
+                      softening: float, precision=None):
   """(H, {"alignment": Σ A, "repulsion": Σ W}) summed over layers and heads.
+
+  ``precision``: of every matrix product of the Hamiltonian (``hamiltonian.hamiltonian``;
+  None: the backend's default, e.g. TF32 on recent NVIDIA GPUs, bf16 passes on TPU).
 
   ``weights``: ``[B]``, 1 for real rows and 0 for padding rows. Padding rows get
   y = 0, and A is rescaled by B(B − 1) / (n(n − 1)), n = Σ weights, so that it is
@@ -158,7 +161,8 @@ def phase_a_objective(params, inputs, labels, weights, *, feature_map, lam: floa
   for path, r in inputs.items():
     omega = flat[path + (PARTICLES,)]                      # [H, M, D_h]
     terms = jax.vmap(lambda w, x: hamiltonian.hamiltonian_terms(
-        w, x, y, feature_map=feature_map, lam=lam, s=s, softening=softening),
+        w, x, y, feature_map=feature_map, lam=lam, s=s, softening=softening,
+        precision=precision),
                      in_axes=(0, 1))(omega, r.astype(jnp.float32))
     a = jnp.sum(terms[1]['alignment'])
     total = total + jnp.sum(terms[0]) - (rescale - 1.0) * a        # −A → −rescale·A
@@ -169,16 +173,19 @@ def phase_a_objective(params, inputs, labels, weights, *, feature_map, lam: floa
 
 def make_phase_a_step(model: nn.Module, optimizer: optax.GradientTransformation, *,
                       feature_map, lam: float, s, softening: float,
-                      langevin_settings: Optional[Dict[str, float]] = None) -> Callable:
+                      langevin_settings: Optional[Dict[str, float]] = None,
+                      precision=None) -> Callable:
   """``step(state, batch) -> (state, metrics)``: one Langevin move of every particle.
 
   metrics: ``hamiltonian``, ``alignment``, ``repulsion`` (before the move) and
   ``max_move`` = max_k ‖Δω_k‖ over all heads and layers (early stopping). With
   ``langevin_settings`` (the optimiser's ``step_size``, ``beta``, ``clip_norm``)
   also the per-particle ``drift_to_noise`` and ``repulsion_to_alignment`` ``[P]``
-  of this step (``langevin_diagnostics``).
+  of this step (``langevin_diagnostics``). ``precision``: the Hamiltonian's
+  (``phase_a_objective``); the encoder's forward pass keeps its own.
   """
-  objective = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
+  objective = dict(feature_map=feature_map, lam=lam, s=s, softening=softening,
+                   precision=precision)
 
   def step(state: TrainState, batch):
     inputs = phase_a_inputs(model, state.params, batch)
@@ -199,16 +206,18 @@ def make_phase_a_step(model: nn.Module, optimizer: optax.GradientTransformation,
 
 def make_phase_a_layer_step(path: Sequence[str], optimizer: optax.GradientTransformation, *,
                             feature_map, lam: float, s, softening: float,
-                            langevin_settings: Optional[Dict[str, float]] = None) -> Callable:
+                            langevin_settings: Optional[Dict[str, float]] = None,
+                            precision=None) -> Callable:
   """``step(state, r, labels, weights) -> (state, metrics)`` on cached inputs.
 
   One Langevin move of the particles of the attention module at ``path`` on
   given pooled keys ``r: [B, H, D_h]`` (the layer-wise schedule; see the module
   docstring), with ``optimizer = phase_a_optimizer(..., only=path)``. No encoder
-  forward pass. Metrics as ``make_phase_a_step``, for this layer only.
+  forward pass. Metrics and ``precision`` as ``make_phase_a_step``, for this layer only.
   """
   path = tuple(path)
-  objective = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
+  objective = dict(feature_map=feature_map, lam=lam, s=s, softening=softening,
+                   precision=precision)
 
   def step(state: TrainState, r, labels, weights):
     inputs = {path: jax.lax.stop_gradient(r)}
@@ -234,14 +243,15 @@ def particle_leaves(tree, only: Optional[Sequence[str]] = None) -> Dict[Tuple[st
 
 
 def phase_a_forces(params, inputs, labels, weights, *, feature_map, lam: float, s,
-                   softening: float, only: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+                   softening: float, only: Optional[Sequence[str]] = None,
+                   precision=None) -> Dict[str, Any]:
   """The particles' gradients ``{'hamiltonian': ∇H, 'alignment': ∇A, 'repulsion': ∇W}``.
 
   Each a ``{path: [H, M, D_h]}`` dict over the modules that move (``only``: one),
   with A and W the summed terms of ``phase_a_objective`` (so ∇H = −∇A + λ∇W).
   What ``langevin_diagnostics`` reads the force balance and the step scale from.
   """
-  kw = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
+  kw = dict(feature_map=feature_map, lam=lam, s=s, softening=softening, precision=precision)
   term = lambda name: lambda p: phase_a_objective(p, inputs, labels, weights, **kw)[1][name]
   total = lambda p: phase_a_objective(p, inputs, labels, weights, **kw)[0]
   return {name: particle_leaves(jax.grad(f)(params), only)

@@ -6,7 +6,8 @@ is Triton for cuda and XLA for cpu and tpu; the Pallas kernels (``interpret=None
 are Triton for cuda, interpreted for cpu, and for tpu the Mosaic kernels
 (``pallas_attention.tpu``: bidirectional, six maps) or a one-line ValueError (softmaxfeat,
 the causal kernel); shapes Triton cannot compile are refused before lowering;
-``precision`` reaches every product.
+``precision`` reaches every product, of the attention paths, the Hamiltonians, the Phase A
+steps and the sharded Langevin step.
 
 Phase A and Phase B steps and predict of a tiny encoder lower too, and the sharded
 Langevin step on an abstract mesh of 4 and 8 devices (``jax.sharding.AbstractMesh``: no
@@ -348,3 +349,49 @@ def test_sharded_langevin_step_lowers_on_an_abstract_mesh(devices, axis_type, pl
                 placed(Y, PartitionSpec()), platform=platform)
   assert f'mhlo.num_partitions = {devices}' in text
   assert 'sdy.manual_computation' in text and 'stablehlo.all_gather' in text
+
+
+def _layer_step(precision):
+  """A Phase A layer step (no encoder forward pass: every product is the Hamiltonian's)."""
+  from coulomb_jax import training  # pylint: disable=g-import-not-at-top
+  params = {'enc': {'particles': OMEGA}}
+  opt = training.phase_a_optimizer(jax.random.key(1), step_size=0.1, beta=10.0, radius=1.0,
+                                   clip_norm=10.0)
+  step = training.make_phase_a_layer_step(('enc',), opt, feature_map='favor', lam=0.1,
+                                          s='coulomb', softening=0.5, precision=precision)
+  state = training.TrainState(jnp.int32(0), params, opt.init(params))
+  r = jnp.linspace(-1.0, 1.0, 8 * 2 * 4).reshape(8, 2, 4)              # [B, H, D_h]
+  return lambda st: step(st, r, jnp.array([0, 1] * 4), jnp.ones(8))[0].params, (state,)
+
+
+def _sharded_step(precision):
+  from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+  from coulomb_jax import parallel  # pylint: disable=g-import-not-at-top
+  mesh = AbstractMesh((4,), ('p',))
+  placed = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                sharding=NamedSharding(mesh, spec))
+  f = lambda w, x, y: parallel.langevin_step_on_mesh(
+      jax.random.key(0), w, x, y, mesh=mesh, axis_name='p', feature_map='favor', lam=0.5,
+      s='coulomb', step_size=0.1, beta=10.0, radius=1.0, precision=precision)
+  return f, (placed(jnp.zeros((8, 4)), PartitionSpec('p')), placed(X, PartitionSpec()),
+             placed(Y, PartitionSpec()))
+
+
+PRECISION_STEPS = {
+    'phase_a_layer_step': _layer_step,
+    'sharded_langevin_step': _sharded_step,
+    'mimicry_hamiltonian_grad': lambda p: (jax.grad(lambda w: mimicry.mimicry_hamiltonian(
+        w, X, X, feature_map='favor', lam=0.1, precision=p)), (W,)),
+}
+
+
+@pytest.mark.parametrize('name', sorted(PRECISION_STEPS))
+def test_precision_reaches_every_product_of_the_particle_steps(name):
+  """``precision`` of a Phase A step, the sharded Langevin step and the mimicry Hamiltonian
+  is on every dot_general lowered for tpu (where the default would be bf16 passes)."""
+  f, args = PRECISION_STEPS[name]('highest')
+  text = _lower(f, *args, platform='tpu')
+  assert text.count('dot_general') == text.count('precision = [HIGHEST, HIGHEST]') > 0
+  f, args = PRECISION_STEPS[name](None)
+  default = _lower(f, *args, platform='tpu')
+  assert 'dot_general' in default and 'HIGHEST' not in default
