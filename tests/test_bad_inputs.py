@@ -567,7 +567,7 @@ def test_bad_command_line_ends_in_one_line_naming_the_value(program, argv, match
     rest = cli.parse_flags(sys.argv, flag_values=fv)
     try:
       module.main(rest, fv)
-    except cli.ConfigError as e:
+    except (cli.ConfigError, cli.StorageError) as e:
       cli.fail(str(e))
   assert info.value.code == 2
   err = capsys.readouterr().err
@@ -637,3 +637,18 @@ def test_distributed_without_peers_ends_in_one_line_not_an_abort(process_id, say
   assert re.search(r'^train: error: --jax_distributed: ' + says + r' within '
                    r'--distributed_timeout=2 s \(are all 2 processes started', errors[0]), errors
   assert not os.path.exists(os.path.join(str(tmp_path), 'w', 'results.json'))
+
+
+def test_a_disk_too_small_for_the_checkpoints_is_one_line_before_any_compute(
+    tmp_path, monkeypatch, capsys):
+  """Disk full, up front (train.py): ``checkpoints.check_free_space`` before any step. A
+  disk that fills mid-run, and atomic writes on a full disk: tests/test_storage.py."""
+  import collections  # pylint: disable=g-import-not-at-top
+  usage = collections.namedtuple('usage', 'total used free')
+  monkeypatch.setattr('shutil.disk_usage', lambda _: usage(2**30, 2**30 - 2**15, 2**15))
+  test_bad_command_line_ends_in_one_line_naming_the_value(
+      'train', _train_args, r"^workdir '.*/w': 0\.0 MiB free on its filesystem, but this "
+      r"run's checkpoints need about \d+\.\d MiB \(2 kept plus one being written, \d+\.\d MiB "
+      r'each\); free some space or choose another --workdir\.$', tmp_path, monkeypatch, capsys,
+      None)
+  assert not os.path.exists(os.path.join(str(tmp_path), 'w', 'checkpoints', '0'))
