@@ -14,6 +14,8 @@ Langevin step on an abstract mesh of 4 and 8 devices (``jax.sharding.AbstractMes
 such devices needed). ``pmap`` needs real devices, so it is tested on fake CPU devices
 in tests/test_parallel.py instead."""
 
+import contextlib
+
 import jax
 from jax.extend import core as jax_core
 import jax.numpy as jnp
@@ -76,6 +78,26 @@ def _encoder_steps(which):
           (training.TrainState(jnp.int32(0), params, opt.init(params)), batch))
 
 
+# From jax 0.11 on, Pallas' Triton lowering asks the device for its compute capability and
+# fails on a host without a GPU unless an abstract GPU device is in context (an abstract
+# mesh, all axes Explicit): the H200 of the project's device sessions (132 SMs).
+_H200 = jax.sharding.AbstractMesh(
+    (1,), ('host',), axis_types=(jax.sharding.AxisType.Explicit,),
+    abstract_device=jax.sharding.AbstractDevice(device_kind='NVIDIA H200', num_cores=132,
+                                                platform='gpu'))
+
+
+def _lower(f, *args, platform, abstract_gpu=True):
+  """The program text of ``jax.jit(f)`` traced and lowered for ``platform`` (nothing
+  compiled); for cuda under an abstract H200 (``_H200``) unless ``abstract_gpu=False``
+  (Pallas' interpret mode does not trace under an Explicit mesh on jax 0.11: a
+  ShardingTypeError in its dynamic_update_slice)."""
+  context = (jax.sharding.use_abstract_mesh(_H200) if platform == 'cuda' and abstract_gpu
+             else contextlib.nullcontext())
+  with context:
+    return jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
 ENTRIES = {
     'phase_a_step': lambda: _encoder_steps('phase_a'),
     'phase_b_step': lambda: _encoder_steps('phase_b'),
@@ -102,20 +124,14 @@ ENTRIES = {
 @pytest.mark.parametrize('entry', sorted(ENTRIES))
 def test_entry_point_lowers(entry, platform):
   f, args = ENTRIES[entry]()
-  text = jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
-  assert 'func.func public @main' in text
+  assert 'func.func public @main' in _lower(f, *args, platform=platform)
 
 
 def test_pallas_forward_lowers_to_a_triton_call_for_cuda():
   q, omega = jnp.ones((1, 32, 2, 16)), 0.1 * jnp.ones((2, 16, 16))
   f = lambda q, om: pallas_attention.pallas_linear_attention(
       q, q, q, om, feature_map='favor', interpret=False)
-  text = jax.jit(f).trace(q, omega).lower(lowering_platforms=('cuda',)).as_text()
-  assert '__gpu$xla.gpu.triton' in text
-
-
-def _lower(f, *args, platform):
-  return jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+  assert '__gpu$xla.gpu.triton' in _lower(f, q, omega, platform='cuda')
 
 
 @pytest.mark.parametrize('masked', [False, True])
@@ -126,8 +142,7 @@ def test_auto_takes_the_kernels_by_the_lowering_platform_not_the_host(masked):
   omega = jax.random.normal(jax.random.key(1), (2, 64, 16))
   mask = (jnp.arange(32)[None] < 20) if masked else None
   f = lambda q, om: attention.fused_linear_attention(q, q, q, om, key_mask=mask)
-  lowered = {p: jax.jit(f).trace(q, omega).lower(lowering_platforms=(p,)).as_text()
-             for p in ('cuda', 'tpu', 'cpu')}
+  lowered = {p: _lower(f, q, omega, platform=p) for p in ('cuda', 'tpu', 'cpu')}
   assert '__gpu$xla.gpu.triton' in lowered['cuda']
   assert 'triton' not in lowered['tpu'] and 'triton' not in lowered['cpu']
   # Run on a CPU host, 'auto' is the XLA path exactly.
@@ -137,9 +152,7 @@ def test_auto_takes_the_kernels_by_the_lowering_platform_not_the_host(masked):
     assert jnp.array_equal(jax.jit(f)(q, omega), want)
   # A shape the kernels do not take (head dim 8) is XLA for every platform.
   small = lambda q, om: attention.fused_linear_attention(q, q, q, om)
-  text = jax.jit(small).trace(q[..., :8], omega[..., :8]).lower(
-      lowering_platforms=('cuda',)).as_text()
-  assert 'triton' not in text
+  assert 'triton' not in _lower(small, q[..., :8], omega[..., :8], platform='cuda')
 
 
 def _qo(dim=16, num=64, length=32):
@@ -215,7 +228,7 @@ def test_interpret_explicit_overrides_the_platform():
   q, omega = _qo()
   call = lambda interpret: lambda q, om: pallas_attention.pallas_linear_attention(
       q, q, q, om, interpret=interpret)
-  assert 'triton' not in _lower(call(True), q, omega, platform='cuda')
+  assert 'triton' not in _lower(call(True), q, omega, platform='cuda', abstract_gpu=False)
   assert 'triton' not in _lower(call(True), q, omega, platform='tpu')
   with pytest.raises(ValueError, match=r'interpret=False compiles the Triton kernels, which '
                                        r'lower only for cuda.*\(lowering for cpu\)'):
@@ -317,9 +330,9 @@ def test_hamiltonian_precision_reaches_every_product_and_leaves_cpu_values(fn):
                                 precision=p))
   highest = (jax.lax.Precision.HIGHEST,) * 2
   for g in (call('highest'), jax.grad(lambda w: call('highest')(w).sum())):
-    text = jax.jit(g).trace(W).lower(lowering_platforms=('tpu',)).as_text()
+    text = _lower(g, W, platform='tpu')
     assert text.count('dot_general') == text.count('precision = [HIGHEST, HIGHEST]') > 0
-  default = jax.jit(call(None)).trace(W).lower(lowering_platforms=('tpu',)).as_text()
+  default = _lower(call(None), W, platform='tpu')
   assert 'dot_general' in default and 'HIGHEST' not in default
   if ON_CPU:                                   # exact float32 either way on this backend
     assert jnp.array_equal(call(None)(W), call('highest')(W))
@@ -346,7 +359,8 @@ def test_sharded_langevin_step_lowers_on_an_abstract_mesh(devices, axis_type, pl
       k, w, x, y, mesh=mesh, axis_name='p', feature_map='rff', lam=0.5, s='coulomb',
       step_size=0.1, beta=10.0, radius=1.0)
   text = _lower(f, jax.random.key(0), omega, placed(X, PartitionSpec()),
-                placed(Y, PartitionSpec()), platform=platform)
+                placed(Y, PartitionSpec()), platform=platform,
+                abstract_gpu=False)                  # its own mesh; no Triton kernel in it
   assert f'mhlo.num_partitions = {devices}' in text
   assert 'sdy.manual_computation' in text and 'stablehlo.all_gather' in text
 
