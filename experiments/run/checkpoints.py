@@ -22,6 +22,8 @@ These functions take the manager or the folder path from ``run_folder.RunFolder`
 which opens the manager (``RunFolder.checkpoint_manager``) and calls them.
 """
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging as std_logging
@@ -289,7 +291,7 @@ def _save_failed(directory: str, step, error: BaseException) -> 'cli.StorageErro
             'there is no earlier checkpoint')
   chain = _error_chain(error)
   full = ('No space left on device' in chain or "os_error_code='28'" in chain
-          or getattr(error, 'errno', None) == 28)
+          or getattr(error, 'errno', None) == errno.ENOSPC)
   if full:
     free = shutil.disk_usage(directory).free if os.path.isdir(directory) else 0
     return cli.StorageError(
@@ -302,20 +304,18 @@ def _save_failed(directory: str, step, error: BaseException) -> 'cli.StorageErro
       'unfinished one removed.')
 
 
-class _quiet_orbax:  # pylint: disable=invalid-name
+@contextlib.contextmanager
+def _quiet_orbax():
   """While open: orbax's own log records dropped and its closed-event-loop reports
   silenced (``_DropOrbaxRecords``, ``_quiet_closed_loop``); the caller reports failures."""
-
-  def __enter__(self):
-    self._filter = _DropOrbaxRecords()
-    std_logging.getLogger('absl').addFilter(self._filter)
-    if not getattr(sys.unraisablehook, 'quiets_closed_loops', False):
-      sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
-    return self
-
-  def __exit__(self, *exc):
-    std_logging.getLogger('absl').removeFilter(self._filter)
-    return False
+  quiet = _DropOrbaxRecords()
+  std_logging.getLogger('absl').addFilter(quiet)
+  if not getattr(sys.unraisablehook, 'quiets_closed_loops', False):
+    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+  try:
+    yield
+  finally:
+    std_logging.getLogger('absl').removeFilter(quiet)
 
 
 def restore(manager, target, sharder=None, legacy=None):
