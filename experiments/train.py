@@ -197,11 +197,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   meta = meta or provenance.run_metadata('experiments.train')
   with run_folder.RunFolder(workdir) as folder:
     run, sessions = setup_run(config, folder, meta, stop_after_steps=stop_after_steps)
-    for index in range(int(run.ckpt['stage']), len(run.stages)):
-      if not run_stage(run, index) or (
-          run.out_of_time() and index + 1 < len(run.stages)):
-        return None
-    return _finish(run, meta, sessions)
+    try:
+      for index in range(int(run.ckpt['stage']), len(run.stages)):
+        if not run_stage(run, index) or (
+            run.out_of_time() and index + 1 < len(run.stages)):
+          return None
+      return _finish(run, meta, sessions)
+    finally:
+      if run.writer is not None:       # stopped, failed or finished: the event file closed
+        run.writer.close()
 
 
 def _open_folder(config, folder: run_folder.RunFolder, meta: dict):
