@@ -106,7 +106,7 @@ def init_distributed(coordinator_address: Optional[str] = None,
       return
     where = coordinator_address or 'the detected coordinator'
     if process_id is None:
-      who = 'this process'
+      who = 'this process: the processes of the detected cluster did not all connect'
     elif process_id == 0:
       who = (f'process 0 (the coordinator, at {where}): the other {num_processes - 1} '
              f'process(es) did not connect')
