@@ -203,8 +203,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
             run.out_of_time() and index + 1 < len(run.stages)):
           return None
       return _finish(run, meta, sessions)
-    finally:
-      if run.writer is not None:       # stopped, failed or finished: the event file closed
+    finally:   # Stopped, failed or finished: an event file left open makes tensorboardX's
+      # exit hook print a traceback on Python 3.12 ("can't create new thread at shutdown").
+      if run.writer is not None:
         run.writer.close()
 
 
@@ -347,7 +348,6 @@ def _finish(run, meta, sessions) -> dict:
   if run.writer is not None:
     if hasattr(run.writer, 'add_hparams'):
       run.writer.add_hparams(config, results)
-    run.writer.close()
   run.folder.write_json(run_folder.RESULTS, results)
   logging.info('test: %s', json.dumps(results['test']))
   return results

@@ -16,6 +16,7 @@ path relative to ``--root``. Nothing else changes: a JSON file is rewritten only
 if every number, key and non-path string reads back the same.
 """
 
+import contextlib
 import datetime
 import json
 import os
@@ -58,22 +59,30 @@ def machine() -> dict:
           'device_count': jax.device_count()}
 
 
-def write_atomic(path: str, text: str) -> None:
-  """Writes ``text`` to ``path`` through a temporary file and ``os.replace``:
-  a killed run leaves the old file or the new one, never half of one; a write
-  that fails (an unencodable character, a full disk) leaves the old file and
-  removes the temporary one."""
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = 'w'):
+  """``open`` of ``path + '.tmp'``, moved onto ``path`` by ``os.replace`` once the block
+  ends: a killed run leaves the old file or the new one, never half of one; a write
+  that fails (an unencodable character, a full disk) leaves the old file, removes the
+  temporary one and, for an ``OSError`` that names no file (``f.write``'s), names
+  ``path`` in it."""
   tmp = path + '.tmp'
   try:
-    with open(tmp, 'w') as f:
-      f.write(text)
+    with open(tmp, mode) as f:
+      yield f
     os.replace(tmp, path)
   except BaseException as e:
-    if os.path.exists(tmp):
+    if os.path.lexists(tmp):
       os.remove(tmp)
     if isinstance(e, OSError) and e.filename is None:
-      e.filename = path            # f.write's OSError names no file; the one-line error will
+      e.filename = path
     raise
+
+
+def write_atomic(path: str, text: str) -> None:
+  """Writes ``text`` to ``path`` through ``atomic_open``."""
+  with atomic_open(path) as f:
+    f.write(text)
 
 
 def write_json_atomic(path: str, obj, indent=None) -> None:

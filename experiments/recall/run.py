@@ -110,10 +110,8 @@ def _restore(workdir: str, state):
 def _save(workdir: str, state, step: int, seconds: float) -> None:
   blob = serialization.msgpack_serialize(
       {'step': step, 'seconds': seconds, 'state': serialization.to_state_dict(state)})
-  tmp = os.path.join(workdir, CHECKPOINT_FILE + '.tmp')
-  with open(tmp, 'wb') as f:
+  with provenance.atomic_open(os.path.join(workdir, CHECKPOINT_FILE), 'wb') as f:
     f.write(blob)
-  os.replace(tmp, os.path.join(workdir, CHECKPOINT_FILE))
 
 
 def data_args(config) -> dict:

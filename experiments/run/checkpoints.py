@@ -242,8 +242,8 @@ def save(manager, ckpt, sharder=None):
 
 def checkpoint_bytes(ckpt) -> int:
   """Bytes of the arrays of a checkpoint tree (what one saved step holds, about)."""
-  return int(sum(np.dtype(getattr(a, 'dtype', np.asarray(a).dtype)).itemsize
-                 * int(np.prod(np.shape(a))) for a in jax.tree_util.tree_leaves(ckpt)))
+  return int(sum(a.nbytes if hasattr(a, 'nbytes') else np.asarray(a).nbytes
+                 for a in jax.tree_util.tree_leaves(ckpt)))
 
 
 def check_free_space(workdir, ckpt, manager=None, kept: int = 2) -> None:

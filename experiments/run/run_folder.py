@@ -457,13 +457,6 @@ class RunFolder:
     and ``probs`` [n] float32, P(class 1) in row order."""
     path = self.file(f'predictions_{split}.npz')
     if self.chief:
-      try:
-        with open(path + '.tmp', 'wb') as f:
-          np.savez(f, labels=np.asarray(labels, np.int32), probs=np.asarray(probs, np.float32))
-        os.replace(path + '.tmp', path)
-      except OSError as e:           # e.g. a full disk: the old file stays, the tmp one goes
-        if os.path.exists(path + '.tmp'):
-          os.remove(path + '.tmp')
-        e.filename = e.filename or path
-        raise
+      with provenance.atomic_open(path, 'wb') as f:
+        np.savez(f, labels=np.asarray(labels, np.int32), probs=np.asarray(probs, np.float32))
 

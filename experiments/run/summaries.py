@@ -20,7 +20,6 @@ class FlushingWriter:
 
   def __init__(self, writer):
     self.writer = writer
-    self.closed = False
 
   def add_scalar(self, tag, value, step):
     self.writer.add_scalar(tag, value, step)
@@ -37,12 +36,7 @@ class FlushingWriter:
     self.writer.flush()
 
   def close(self):
-    """Closes the event file once (later calls do nothing). A run that stops early or
-    fails closes it too: an event file left open makes tensorboardX's exit hook print a
-    traceback on Python 3.12 ("can't create new thread at interpreter shutdown")."""
-    if not self.closed:
-      self.closed = True
-      self.writer.close()
+    self.writer.close()
 
 
 def open_writer(workdir):
