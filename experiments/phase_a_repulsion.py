@@ -40,6 +40,10 @@ BEGIN = '<!-- repulsion:begin (written by python -m experiments.phase_a_repulsio
 END = '<!-- repulsion:end -->'
 DIVERSITY = ('top_direction_share', 'effective_rank', 'min_pairwise_distance')
 KINDS = ('initial', 'ball', 'learned')
+# Held-out ρ of the Ball-X particles on Kernel-X's keys ('ball': the layers below learned),
+# on Ball-X's own keys ('ball_own_keys': the layers below at Ball-X's particles too), and
+# of the learned particles.
+RHO_KINDS = ('ball', 'ball_own_keys', 'learned')
 REPULSION_FIELDS = ('relative_lam', 'riesz_s')
 _SHARED_FIELDS = ('schedule', 'after_b_epochs', 'num_epochs', 'relative_step', 'gibbs_tilt',
                   'softening', 'radius', 'clip_norm', 'batch_size', 'target')
@@ -52,7 +56,8 @@ def stage_row(stage: dict) -> dict:
     heads = stage['diversity'][kind]
     diversity[kind] = {f: float(np.mean([np.mean(h[f]) for h in heads.values()]))
                        for f in DIVERSITY}
-  rho = {k: float(stage['heldout'][k]['centered_alignment']) for k in ('ball', 'learned')}
+  rho = {k: float(stage['heldout'][k]['centered_alignment']) for k in RHO_KINDS
+         if k in stage['heldout']}          # older stage files have no ball_own_keys
   return {'layer': int(stage['layer']), 'diversity': diversity, 'rho': rho}
 
 
@@ -88,7 +93,8 @@ def collect(runs_dir: str, dataset: str) -> List[dict]:
       continue
     finished, _ = loading.load_runs(folder)
     mine = [dict(r, path=os.path.join(setting, r['path'])) for r in finished
-            if r['dataset'] == dataset and r['variant'].startswith('kernel-')]
+            if r['dataset'] == dataset and r['variant'].startswith('kernel-')
+            and r['config']['phase_a'].get('target', 'labels') == 'labels']
     if not mine:
       continue
     _check_same(mine, REPULSION_FIELDS, f'one repulsion per setting folder {setting!r}')
@@ -121,7 +127,8 @@ def summarize(rows: List[dict]) -> List[dict]:
           'layer': layer['layer'],
           'diversity': {k: {f: mean(lambda l: l['diversity'][k][f]) for f in DIVERSITY}
                         for k in KINDS},
-          'rho': {k: mean(lambda l: l['rho'][k]) for k in ('ball', 'learned')}})
+          'rho': {k: mean(lambda l: l['rho'][k]) for k in RHO_KINDS
+                  if all(k in r['layers'][i]['rho'] for r in group)}})
     for field in ('test_accuracy', 'ball_test_accuracy', 'validation_accuracy',
                   'ball_validation_accuracy'):
       entry[field] = float(np.mean([r[field] for r in group]))
@@ -139,23 +146,28 @@ def markdown(summary: List[dict], meta: dict) -> List[str]:
   """The page block: one row per setting, map and layer."""
   lines = [
       '| repulsion (λ scale · kernel) | map | layer | top share ball → learned | '
-      'effective rank ball → learned | min distance ball → learned | ρ ball | ρ learned | '
-      'test acc. Kernel | Kernel − Ball |',
-      '|---|---|---|---|---|---|---|---|---|---|']
+      'effective rank ball → learned | min distance ball → learned | ρ ball | '
+      'ρ ball, own keys | ρ learned | test acc. Kernel | Kernel − Ball |',
+      '|---|---|---|---|---|---|---|---|---|---|---|']
   for e in summary:
     for layer in e['layers']:
       b, l = layer['diversity']['ball'], layer['diversity']['learned']
       acc = (f'{e["test_accuracy"]:.4f}', f'{e["kernel_minus_ball_test"]:+.4f}') \
           if layer is e['layers'][0] else ('', '')
+      own = f'{layer["rho"]["ball_own_keys"]:.3f}' if 'ball_own_keys' in layer['rho'] else '–'
       lines.append(
           f'| {_repulsion(e)} | {e["map"]} | {layer["layer"]} | '
           f'{b["top_direction_share"]:.3f} → {l["top_direction_share"]:.3f} | '
           f'{b["effective_rank"]:.1f} → {l["effective_rank"]:.1f} | '
           f'{b["min_pairwise_distance"]:.2f} → {l["min_pairwise_distance"]:.2f} | '
-          f'{layer["rho"]["ball"]:.3f} | {layer["rho"]["learned"]:.3f} | {acc[0]} | {acc[1]} |')
+          f'{layer["rho"]["ball"]:.3f} | {own} | {layer["rho"]["learned"]:.3f} | '
+          f'{acc[0]} | {acc[1]} |')
   seeds = sorted({s for e in summary for s in e['seeds']})
   lines += ['', f'Means over seeds {seeds} (per-run values in `{meta["out"]}`). Test '
             'accuracy on the Rotten Tomatoes test split, Kernel − Ball paired by seed. '
+            'ρ ball: the ball-projected particles on the keys the learned layers below give; '
+            'own keys: with the layers below at Ball-X\'s particles too, as in the Ball-X run '
+            '(– for runs made before it was recorded). '
             f'Made by `{meta["command"]}` at {meta["commit"]} on {meta["machine"]}.']
   return lines
 

@@ -307,7 +307,8 @@ def setup_run(config: ml_collections.ConfigDict, folder: run_folder.RunFolder, m
       writer=folder.open_writer(), chief=chief, stop_after_steps=stop_after_steps,
       save_prefix=lambda: folder.save_prefix(run.ckpt, sharder),
       progress=progress.Progress('train', total=total_a + spe_b * b.num_epochs, unit='step',
-                                 done=done))
+                                 done=done),
+      initial_particles=training.particle_leaves(params))
   return run, sessions
 
 

@@ -85,3 +85,24 @@ def test_other_phase_a_fields_must_agree_and_every_run_needs_its_ball(tmp_path):
          stages=[_stage(0, 0.5, 40.0, 1.0, 0.1, 0.3)])
   with pytest.raises(ValueError, match='no Ball-X run'):
     rep.collect(str(other), 'rotten_tomatoes')
+
+
+def test_own_key_ball_rho_is_averaged_when_every_seed_has_it_and_softmax_runs_are_skipped(
+    tmp_path):
+  root = str(tmp_path)
+  _study(root)
+  with_own = [_stage(0, 0.5, 40.0, 1.0, 0.1, 0.3), _stage(1, 0.5, 40.0, 1.0, 0.2, 0.4)]
+  for stage, own in zip(with_own, (0.1, 0.26)):
+    stage['heldout']['ball_own_keys'] = {'centered_alignment': own}
+  _write(root, ['lam1'], 'kernel-elu', 0, 0.71, stages=with_own)
+  # A softmax-target run in the study folder is another study's: not read.
+  _write(root, ['softmax'], 'kernel-elu', 0, 0.5, target='softmax',
+         stages=[{'layer': 0, 'heldout': {'ball': {'kl': 1.0}}}])
+  rows = rep.collect(root, 'rotten_tomatoes')
+  assert sorted({r['setting'] for r in rows}) == ['lam1', 'lam10']
+  entries = {e['setting']: e for e in rep.summarize(rows)}
+  assert entries['lam1']['layers'][1]['rho']['ball_own_keys'] == pytest.approx(0.26)
+  assert 'ball_own_keys' not in entries['lam10']['layers'][0]['rho']     # older stage files
+  lines = rep.markdown([entries['lam1'], entries['lam10']],
+                       {'out': 'x.json', 'command': 'c', 'commit': 'abc', 'machine': 'm'})
+  assert '| 0.200 | 0.260 | 0.400 |' in lines[3] and '| 0.100 | – | 0.400 |' in lines[4]

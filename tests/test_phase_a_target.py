@@ -2,6 +2,7 @@
 brute force, padding, the first-variation potential, and a tiny end-to-end run."""
 
 import os
+import types
 
 import jax
 import jax.numpy as jnp
@@ -245,3 +246,39 @@ def test_a_run_saved_before_the_field_existed_resumes_as_labels():
   del saved['phase_a']['target']
   assert run_folder.with_added_fields(saved) == run_folder.saved_config(config)
   assert run_identity.config_digest(saved) == run_identity.digest_of(config)
+
+
+def test_ball_control_puts_every_layer_at_the_projected_initial_particles():
+  from experiments.run import stages
+  config = _config()
+  init = {('attention_0',): 3.0 * jnp.ones((2, 4, 8)), ('attention_1',): 0.1 * jnp.ones((2, 4, 8))}
+  params = {'attention_0': {'particles': jnp.zeros((2, 4, 8)), 'query': jnp.ones(3)},
+            'attention_1': {'particles': 5.0 * jnp.ones((2, 4, 8))}, 'head': jnp.arange(2.0)}
+  run = types.SimpleNamespace(config=config, initial_particles=init,
+                              sharder=types.SimpleNamespace(replicate=lambda t: t))
+  out = stages.ball_control(run, params)
+  norms = jnp.linalg.norm(out['attention_0']['particles'], axis=-1)
+  np.testing.assert_allclose(norms, config.phase_a.radius, rtol=1e-6)    # 3·√8 > 1.5: on the sphere
+  np.testing.assert_array_equal(out['attention_1']['particles'], init[('attention_1',)])  # inside
+  np.testing.assert_array_equal(out['attention_0']['query'], params['attention_0']['query'])
+  np.testing.assert_array_equal(out['head'], params['head'])
+  run.initial_particles = None
+  assert stages.ball_control(run, params) is None
+
+
+@needs_data
+def test_layer_two_ball_control_is_measured_on_ball_x_keys(tmp_path):
+  # Layer-wise labels target, two layers: at layer 0 the layers below are none, so the
+  # two ball controls agree; at layer 1 'ball' sees Kernel-X's learned layer 0, while
+  # 'ball_own_keys' sees Ball-X's (the projected initial particles).
+  from experiments import train
+  config = _config(**{'phase_a.target': 'labels', 'phase_a.schedule': 'layerwise',
+                      'phase_a.null_run': False, 'phase_a.num_epochs': 2,
+                      'model.num_layers': 2})
+  result = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  first, second = result['phase_a']['stages']
+  assert first['heldout']['ball_own_keys'] == first['heldout']['ball']
+  own, ball = (second['heldout'][k]['centered_alignment'] for k in ('ball_own_keys', 'ball'))
+  assert np.all(np.isfinite(own)) and own != ball
+  assert set(result['phase_a']['heldout_centered_alignment']) == {
+      'initial', 'ball', 'ball_own_keys', 'learned'}

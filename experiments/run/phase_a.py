@@ -14,7 +14,9 @@ A Kernel-X Phase A stage also measures whether its particles learn, into
   centered ρ) of the current particles on pooled keys of up to
   ``phase_a.heldout_rows`` validation rows (``history.jsonl``, TensorBoard);
 * at the end: held-out alignment of the initial particles, of the same projected
-  onto the ball (what Ball-X trains with), of the learned ones, and of the
+  onto the ball (what Ball-X trains with; ``ball`` on the keys Kernel-X's layers below
+  give, ``ball_own_keys`` with those layers at Ball-X's particles too, as in the
+  Ball-X run: ``stages.ball_control``), of the learned ones, and of the
   particles the same stage learns from shuffled training labels (the null, when
   ``phase_a.null_run``); the particles' median displacement next to that of a
   noise-only projected walk of the same length, and the fraction of particles
@@ -399,6 +401,12 @@ def _stage_summary(run, index, stage, cal, heldout, step_fn, opt, table, steps, 
   ball = stages.projected(start, paths, a.radius)
   learned = ck['params']
   result = {'initial': heldout(start), 'ball': heldout(ball), 'learned': heldout(learned)}
+  # Ball-X's own keys: the layers below also at Ball-X's particles (the same as 'ball'
+  # for a stage whose layers below have not moved: joint, or layer 0 of the first pass).
+  own = stages.ball_control(run, start)
+  if own is not None:
+    result['ball_own_keys'] = (result['ball'] if not stage.layer and stage.cycle == 0
+                               else heldout(own))
   moved = lambda p: training.particle_leaves(p, stages.only_path(run, stage))
   key = jax.random.fold_in(stage_key(run, stage), _WALK_KEY)
   walk = {p: ld.random_walk(jax.random.fold_in(key, i), w, num_steps=steps,

@@ -31,7 +31,8 @@ def phase_a_report(workdir: str) -> Optional[dict]:
   stages = [s for _, s in sorted(run_folder.read_json(path).items(), key=lambda kv: int(kv[0]))]
   hist = {k: ld.LogHistogram(counts=np.sum([s['histograms'][k] for s in stages], axis=0))
           for k in ('drift_to_noise', 'repulsion_to_alignment')}
-  which = [k for k in ('initial', 'ball', 'learned', 'null') if k in stages[0]['heldout']]
+  which = [k for k in ('initial', 'ball', 'ball_own_keys', 'learned', 'null')
+           if all(k in s['heldout'] for s in stages)]
   mean = lambda k, stat: float(np.mean([s['heldout'][k][stat] for s in stages]))
   med = lambda field: float(np.median([s[field] for s in stages]))
   report = {'drift_to_noise': hist['drift_to_noise'].median(),

@@ -75,6 +75,9 @@ class Run:
   save_prefix: Optional[Callable[[], None]] = None
   progress: Any = None          # experiments.common.progress.Progress over all the run's steps
   steps_this_call: int = 0
+  # The particles of the run's fresh init ({attention module path: [H, M, D_h]}), before
+  # any Phase A: the seed fixes them, and Phase B never moves them (``ball_control``).
+  initial_particles: Optional[dict] = None
 
   @property
   def workdir(self) -> str:
@@ -118,6 +121,25 @@ def projected(params, paths, radius):
   return traverse_util.unflatten_dict(
       {k: langevin.project_to_ball(v, radius) if k[-1] == training.PARTICLES and k[:-1] in paths
        else v for k, v in flat.items()})
+
+
+def ball_control(run: Run, params):
+  """``params`` with *every* layer's particles at Ball-X's: the run's initial particles
+  projected onto the ball (what Ball-X's projection gives them: they are the same draw,
+  and Phase B does not move particles). None if the run has no initial particles.
+
+  ``projected(stage_start, [layer l])`` keeps the layers below l at their learned
+  particles, so the layer-l keys it is measured on are Kernel-X's; with this, they are
+  Ball-X's own. The other parameters are ``params``' (in every schedule but
+  ``'alternating'`` after its first block, Ball-X's too: Phase A moves nothing else).
+  """
+  if not run.initial_particles:
+    return None
+  radius = run.config.phase_a.radius
+  flat = traverse_util.flatten_dict(params)
+  flat.update({path + (training.PARTICLES,): langevin.project_to_ball(jnp.asarray(w), radius)
+               for path, w in run.initial_particles.items()})
+  return run.sharder.replicate(traverse_util.unflatten_dict(flat))
 
 
 def project_particles(run: Run, index: int, stage) -> None:
