@@ -89,7 +89,7 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
     q, k: ``[B, L, H, d]`` queries and keys, already scaled (e.g. by d^{−1/4}).
     v: ``[B, L, H, D]`` values.
     omega: ``[H, M, d]`` particles, one set per head.
-    feature_map: a name in ``features.ATTENTION_FEATURE_MAPS``.
+    feature_map: a name in ``features.KERNEL_ATTENTION_MAPS``.
     key_mask: optional ``[B, L]`` bool, True for real tokens.
     chunk_size: C ≥ 1; L need not be a multiple of it.
     eps: denominator guard, > 0.
@@ -109,7 +109,7 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
       backend's default, TF32 for float32 on recent NVIDIA GPUs, bf16 passes on TPU).
   """
   _check_implementation(implementation)
-  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
+  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.KERNEL_ATTENTION_MAPS)
   _checks.check_int('chunk_size', chunk_size, 1)
   attention_core.check_eps(eps)
   precision = attention_core.check_precision(precision)
@@ -176,7 +176,7 @@ def fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omeg
   masks = () if key_mask is None else (key_mask,)
   if implementation == 'xla':
     return xla(q, k, v, omega, *masks)
-  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
+  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.KERNEL_ATTENTION_MAPS)
   _checks.check_int('chunk_size', chunk_size, 1)
   attention_core.check_eps(eps)
   kernel = lambda interpret: lambda q, k, v, omega, *m: (

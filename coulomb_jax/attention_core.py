@@ -223,7 +223,7 @@ def _fused_setup(q, k, v, omega, key_mask, feature_map, chunk_size, eps, ein):
   """The fused paths' common start: checks, promotion to ≥ float32, padding to whole
   chunks, and the per-chunk log ψ. Returns ``(q, k, v, key_mask, to_chunks, log_psi,
   width F, chunk C, padded length)``; ``to_chunks``: ``[B, L, ...] -> [n, B, C, ...]``."""
-  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.ATTENTION_FEATURE_MAPS)
+  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.KERNEL_ATTENTION_MAPS)
   chunk = _checks.check_int('chunk_size', chunk_size, 1)
   check_eps(eps)
   b, length = q.shape[:2]
@@ -239,8 +239,8 @@ def _fused_setup(q, k, v, omega, key_mask, feature_map, chunk_size, eps, ein):
     key_mask = jnp.pad(key_mask, ((0, 0), (0, pad)))
   n = (length + pad) // chunk
   to_chunks = lambda a: jnp.moveaxis(a.reshape((b, n, chunk) + a.shape[2:]), 1, 0)
-  # F: features per head (2M for softmaxfeat's [s, −s]).
-  width = 2 * omega.shape[1] if feature_map == 'softmaxfeat' else omega.shape[1]
+  # F: features per head (2M for softmaxfeat's and hedgehog's [s, −s]).
+  width = features.num_features(feature_map, omega.shape[1])
 
   def log_psi(x):                                         # [B, C, H, d] -> [B, C, H, F]
     s = ein('bchd,hmd->bchm', x, omega)

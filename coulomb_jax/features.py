@@ -17,11 +17,13 @@ at least float32 (bf16 inputs give float32 features).
 The paper names seven positive maps for attention without giving every formula.
 The formulas chosen here are in each docstring; write ``s = x ωᵀ`` (``[..., N]``).
 
-All maps except ``softmaxfeat`` are *separable*: feature k depends on ω_k only,
+All maps except ``softmaxfeat`` are *separable*: feature k (for ``rff`` and
+``hedgehog``, the pair of features k) depends on ω_k only,
 so the alignment splits into a sum of one-particle potentials (see
 ``is_separable``).
 
-For attention the seven positive maps are also available in log space:
+For attention the seven positive maps and ``hedgehog`` (``KERNEL_ATTENTION_MAPS``)
+are also available in log space:
 ``log_psi`` / ``attention_log_psi`` give log ψ without underflow (softplus-type
 features are ≈ e^z for very negative z, which float32 flushes to 0 below
 z ≈ −104, and ``porf_softplus``'s z = s − ‖x‖²/2 is ≈ −800 for inputs of norm 40),
@@ -220,15 +222,18 @@ def log_psi(name: str, s: jax.Array, half_sq_norm: jax.Array) -> jax.Array:
 
 
 def attention_log_psi(name: str, s: jax.Array, half_sq_norm: jax.Array) -> jax.Array:
-  r"""log ψ(x) ``[..., F]`` of any of the seven attention maps, from s and ‖x‖²/2.
+  r"""log ψ(x) ``[..., F]`` of any map in ``KERNEL_ATTENTION_MAPS``, from s and ‖x‖²/2.
 
-  ``log_psi`` for the separable maps; for ``softmaxfeat`` (F = 2N)
-  log ψ = log 2N + log_softmax([s, −s]). So φ(x) = exp(log ψ) / √N exactly
-  (where it does not underflow).
+  ``log_psi`` for the six elementwise maps; for ``softmaxfeat`` (F = 2N)
+  log ψ = log 2N + log_softmax([s, −s]); for ``hedgehog`` (F = 2N)
+  log ψ = [s, −s] − ½·log 2. So φ(x) = exp(log ψ) / √N exactly (where it does not
+  under- or overflow).
   """
   if name == 'softmaxfeat':
     both = jnp.concatenate([s, -s], axis=-1)
     return math.log(both.shape[-1]) + jax.nn.log_softmax(both, axis=-1)
+  if name == 'hedgehog':
+    return jnp.concatenate([s, -s], axis=-1) - 0.5 * math.log(2.0)
   return log_psi(name, s, half_sq_norm)
 
 
@@ -246,16 +251,16 @@ def log_features(x: jax.Array, omega: jax.Array, feature_map: str) -> jax.Array:
 
 
 def _check_attention_map(name) -> None:
-  if name not in ATTENTION_FEATURE_MAPS:
+  if name not in KERNEL_ATTENTION_MAPS:
     raise ValueError(f'feature_map must be one of the attention maps '
-                     f'{ATTENTION_FEATURE_MAPS}, got {name!r}.')
+                     f'{KERNEL_ATTENTION_MAPS}, got {name!r}.')
 
 
 def attention_pair(q: jax.Array, k: jax.Array, omega: jax.Array, feature_map: str = 'favor',
                    key_mask: Optional[jax.Array] = None):
   r"""Features of queries and keys for linear attention, stabilised together in log space.
 
-  For any of the seven attention maps, with ℓ(x) = log ψ(x) ``[..., F]``
+  For any map of ``KERNEL_ATTENTION_MAPS``, with ℓ(x) = log ψ(x) ``[..., F]``
   (``attention_log_psi``), ``q: [..., L_q, d]``, ``k: [..., L_k, d]`` (the same
   leading axes) and ``key_mask: [..., L_k]`` (True for real keys):
 
@@ -353,6 +358,22 @@ def softmaxfeat(x: jax.Array, omega: jax.Array) -> jax.Array:
   return 2.0 * math.sqrt(n) * jax.nn.softmax(jnp.concatenate([s, -s], axis=-1), axis=-1)
 
 
+def hedgehog(x: jax.Array, omega: jax.Array) -> jax.Array:
+  r"""Hedgehog's exponential features (Zhang et al. 2024), ``[..., 2N]``.
+
+  φ(x) = [exp(s), exp(−s)] / √(2N), s = x Ωᵀ: N rows give 2N features (at F
+  features use N = F/2), and ⟨φ(x), φ(y)⟩ = (1/N) Σ_k cosh(ω_kᵀ(x + y)). Feature
+  pair k depends on ω_k only (separable). This direct form overflows for
+  |s| ≳ 88 in float32; attention uses its log-space form (``attention_log_psi``,
+  ``attention_pair``), exact at any scale. In Hedgehog the rows W are trained by
+  gradient descent on an attention loss (``mimicry.train_hedgehog``); here they are
+  particles like any other map's. ``mimicry.hedgehog`` is the same map with an
+  optional per-row shift.
+  """
+  _, s = _projection(x, omega)
+  return jnp.exp(jnp.concatenate([s, -s], axis=-1)) / math.sqrt(2 * omega.shape[0])
+
+
 def porf_softplus(x: jax.Array, omega: jax.Array) -> jax.Array:
   r"""Positive (orthogonal) random features with softplus, ``[..., N]``.
 
@@ -378,15 +399,32 @@ FEATURE_MAPS = {
     'cos2': cos2,
     'softmaxfeat': softmaxfeat,
     'porf_softplus': porf_softplus,
+    'hedgehog': hedgehog,
 }
-"""Name → feature map. ``rff`` is the synthetic study's map; the other seven
-are the paper's positive attention maps."""
+"""Name → feature map. ``rff`` is the synthetic study's map, ``hedgehog`` the
+softmax-mimicry baseline; the other seven are the paper's positive attention maps."""
 
 ATTENTION_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2',
                           'softmaxfeat', 'porf_softplus')
-"""The paper's seven attention maps, in its order."""
+"""The paper's seven attention maps, in its order (the text variants' maps)."""
+
+KERNEL_ATTENTION_MAPS = ATTENTION_FEATURE_MAPS + ('hedgehog',)
+"""Every map linear attention takes (``attention_pair``, ``models.KernelAttention``, the
+fused and causal XLA paths): the paper's seven and ``hedgehog``. The Pallas kernels
+take ``pallas_attention.PALLAS_FEATURE_MAPS`` (not ``hedgehog``; ``'auto'`` then uses
+the XLA path)."""
 
 _SEPARABLE = frozenset(FEATURE_MAPS) - {'softmaxfeat'}
+
+
+_TWO_PER_PARTICLE = frozenset({'rff', 'softmaxfeat', 'hedgehog'})
+
+
+def num_features(name: str, num_particles: int) -> int:
+  """F, the length of φ(x), for ``num_particles`` particles of the map ``name``: 2N for
+  ``rff``, ``softmaxfeat`` and ``hedgehog`` ([·(s), ·(−s)] or [cos s, sin s]), N otherwise."""
+  get_feature_map(name)
+  return 2 * num_particles if name in _TWO_PER_PARTICLE else num_particles
 
 
 def get_feature_map(name: Union[str, FeatureMap]) -> FeatureMap:

@@ -10,8 +10,8 @@ particles' feature map instead of softmax:
 summed over real keys, per head, so that φ(q̃)ᵀφ(k̃) estimates exp(qᵀk/√D) as the
 softmax path's logits qᵀk/√D (flax scales the query by 1/√D). This matches
 ``models.KernelAttention`` (inputs scaled by D_h^{−1/4}, features of
-``features.attention_pair``: exact at any input scale). ``hedgehog`` (from
-``mimicry``) is stabilised the same way, in log space. Nothing here imports flax.
+``features.attention_pair``: exact at any input scale, ``hedgehog`` included). Nothing
+here imports flax.
 
 Masks: flax's boolean ``mask`` ``[B | 1, H | 1, L_q | 1, L_k]`` (True = attend), as
 ``nn.make_attention_mask(query_mask, key_mask)`` builds, is honoured when it is a
@@ -38,17 +38,7 @@ from coulomb_jax import mimicry
 
 def _pair(q, k, omega, feature_map, key_mask):
   """Per-head stabilised features ``([B, L_q, F], [B, L_k, F])`` of one head."""
-  if feature_map != 'hedgehog':
-    return features.attention_pair(q, k, omega, feature_map, key_mask)
-  # attention_pair's shifts on hedgehog's log features (see its docstring).
-  lq, lk = mimicry.hedgehog_log_features(q, omega), mimicry.hedgehog_log_features(k, omega)
-  where = key_mask[..., None]
-  m = jnp.max(jnp.where(where, lk, -jnp.inf), axis=-2, keepdims=True)
-  m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-  lq = lq + m
-  lq = lq - jax.lax.stop_gradient(jnp.max(lq, axis=-1, keepdims=True))
-  lk = jnp.where(where, lk - m, -jnp.inf)
-  return jnp.exp(lq), jnp.exp(lk)
+  return features.attention_pair(q, k, omega, feature_map, key_mask)
 
 
 def _key_mask(mask, b, h, lq, lk):

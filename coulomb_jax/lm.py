@@ -68,7 +68,7 @@ class CausalLM(nn.Module):
     num_layers: number of blocks.
     num_heads: H.
     attention: ``'softmax'`` or ``'kernel'``.
-    feature_map: for ``'kernel'``, a name in ``features.ATTENTION_FEATURE_MAPS``.
+    feature_map: for ``'kernel'``, a name in ``features.KERNEL_ATTENTION_MAPS``.
     num_features: for ``'kernel'``, M particles per head.
     mlp_ratio: MLP hidden width = ``mlp_ratio · width``; 0 = attention-only blocks.
     orthogonal: for ``'kernel'``, draw the initial particles block-orthogonally per head
@@ -96,8 +96,8 @@ class CausalLM(nn.Module):
     _checks.check_int('mlp_ratio', self.mlp_ratio, 0)
     if self.attention not in LM_ATTENTIONS:
       raise ValueError(f'attention must be one of {LM_ATTENTIONS}, got {self.attention!r}.')
-    if self.attention == 'kernel' and self.feature_map not in features.ATTENTION_FEATURE_MAPS:
-      raise ValueError(f'feature_map must be one of {features.ATTENTION_FEATURE_MAPS}, '
+    if self.attention == 'kernel' and self.feature_map not in features.KERNEL_ATTENTION_MAPS:
+      raise ValueError(f'feature_map must be one of {features.KERNEL_ATTENTION_MAPS}, '
                        f'got {self.feature_map!r}.')
     if self.width % self.num_heads:
       raise ValueError(f'width must be divisible by num_heads={self.num_heads}, '

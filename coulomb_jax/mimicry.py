@@ -51,7 +51,7 @@ from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import repulsion
 
-MIMICRY_FEATURE_MAPS = features.ATTENTION_FEATURE_MAPS + ('hedgehog',)
+MIMICRY_FEATURE_MAPS = features.KERNEL_ATTENTION_MAPS
 """Maps the mimicry functions accept: the seven attention maps and ``hedgehog``."""
 
 TARGETS = ('cross_entropy', 'kl', 'alignment')

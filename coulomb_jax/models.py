@@ -81,8 +81,9 @@ class KernelAttention(nn.Module):
 
   Attributes:
     num_heads: H; the input width must be divisible by it (D_h = width / H).
-    feature_map: a name in ``features.FEATURE_MAPS`` (not ``rff``: attention
-      needs non-negative features).
+    feature_map: a name in ``features.KERNEL_ATTENTION_MAPS``: the paper's seven maps or
+      ``hedgehog`` (not ``rff``: attention needs non-negative features). ``hedgehog``
+      and ``softmaxfeat`` give 2M features from M particles.
     num_features: M particles per head.
     qk_mode: ``"shared"`` (Q = K = x, no W_q/W_k) or ``"projected"``.
     orthogonal: draw the initial particles with ``features.sample_orthogonal``.
@@ -115,9 +116,9 @@ class KernelAttention(nn.Module):
       raise ValueError(f'qk_mode must be one of {QK_MODES}, got {self.qk_mode!r}.')
     if self.feature_map == 'rff':
       raise ValueError("feature_map: 'rff' is not non-negative; use an attention map "
-                       f'{features.ATTENTION_FEATURE_MAPS}.')
-    if self.feature_map not in features.ATTENTION_FEATURE_MAPS:
-      raise ValueError(f'feature_map must be one of {features.ATTENTION_FEATURE_MAPS}, got '
+                       f'{features.KERNEL_ATTENTION_MAPS}.')
+    if self.feature_map not in features.KERNEL_ATTENTION_MAPS:
+      raise ValueError(f'feature_map must be one of {features.KERNEL_ATTENTION_MAPS}, got '
                        f'{self.feature_map!r}.')
     b, length, width = x.shape
     check_mask(mask, (b, length))

@@ -227,6 +227,8 @@ def _log_psi64(name, x, omega):
     both = np.concatenate([s, -s], axis=-1)
     top = both.max(-1, keepdims=True)
     return np.log(both.shape[-1]) + both - top - np.log(np.exp(both - top).sum(-1, keepdims=True))
+  if name == 'hedgehog':
+    return np.concatenate([s, -s], axis=-1) - 0.5 * np.log(2.0)
   return {'favor': lambda: s - half,
           'elu': lambda: np.where(s > 0, np.log1p(np.maximum(s, 0.0)), s),
           'softplus': lambda: _log_softplus64(s),
@@ -274,7 +276,7 @@ def _inputs_at_norms(length=12, heads=2, dim=8, d_v=4, num=16):
   return q, k, v, omega, mask
 
 
-@pytest.mark.parametrize('name', features.ATTENTION_FEATURE_MAPS)
+@pytest.mark.parametrize('name', features.KERNEL_ATTENTION_MAPS)
 def test_every_path_is_the_exact_kernel_ratio_at_norms_1_8_40(name):
   # Before the log-space shifts, porf_softplus was ≈ 0 from norm 6 on (its features
   # e^{s − ‖x‖²/2} underflow) and softmaxfeat wrong at norm ~30: the eps guard dominated.
@@ -284,10 +286,11 @@ def test_every_path_is_the_exact_kernel_ratio_at_norms_1_8_40(name):
       'materialised': lambda *a: _unfused(*a, name, mask),
       'fused': lambda *a: attention.fused_linear_attention(
           *a, feature_map=name, key_mask=mask, chunk_size=5, implementation='xla'),
-      # Interpret mode on every host: these sizes (d = 8) are below Triton's 16.
-      'pallas': lambda *a: pallas_attention.pallas_linear_attention(
-          *a, feature_map=name, key_mask=mask, interpret=True),
   }
+  if name in pallas_attention.PALLAS_FEATURE_MAPS:  # not hedgehog ('auto' takes XLA for it)
+    # Interpret mode on every host: these sizes (d = 8) are below Triton's 16.
+    paths['pallas'] = lambda *a: pallas_attention.pallas_linear_attention(
+        *a, feature_map=name, key_mask=mask, interpret=True)
   if name in pallas_attention.TPU_FEATURE_MAPS:   # the Mosaic kernels, interpreted
     paths['pallas_tpu'] = lambda *a: pallas_attention.tpu.tpu_kernels(
         *a, mask, name=name, eps=attention.DEFAULT_EPS, interpret=True, precision=None)
@@ -317,16 +320,21 @@ def test_every_path_is_the_exact_kernel_ratio_at_norms_1_8_40(name):
 _CAUSAL_EXACT_AT_ANY_NORM = ('elu', 'softplus', 'sigmoid2', 'cos2')
 
 
-@pytest.mark.parametrize('name', features.ATTENTION_FEATURE_MAPS)
+@pytest.mark.parametrize('name', features.KERNEL_ATTENTION_MAPS)
 def test_causal_paths_against_the_exact_causal_ratio(name):
   q, k, v, omega, mask = _inputs_at_norms()
   ref = _exact_attention(name, q, k, v, omega, mask, causal=True)
   real = np.asarray(mask)[:, :, None, None]
-  outs = {'xla': pallas_attention.causal._causal_reference(q, k, v, omega, mask, name=name,
-                                                           eps=attention.DEFAULT_EPS),
-          'pallas': pallas_attention.pallas_causal_linear_attention(
-              q, k, v, omega, feature_map=name, key_mask=mask, chunk_size=4, block_f=16,
-              interpret=True)}
+  if name in pallas_attention.PALLAS_FEATURE_MAPS:
+    outs = {'xla': pallas_attention.causal._causal_reference(q, k, v, omega, mask, name=name,
+                                                             eps=attention.DEFAULT_EPS),
+            'pallas': pallas_attention.pallas_causal_linear_attention(
+                q, k, v, omega, feature_map=name, key_mask=mask, chunk_size=4, block_f=16,
+                interpret=True)}
+  else:   # hedgehog: no kernel; KernelAttention's causal_path='materialized' instead
+    pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, name, mask)
+    qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
+    outs = {'materialized': attention.materialized_causal_linear_attention(qf, kf, v, mask)}
   norms = slice(None) if name in _CAUSAL_EXACT_AT_ANY_NORM else slice(0, 1)   # 1, 8, 40 or 1
   tol = (1e-6 * (2.0 + 0.4 * np.square(NORMS)))[norms]
   for path, out in outs.items():

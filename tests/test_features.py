@@ -155,7 +155,7 @@ def _rows_of_norm(key, shape, norm):
   return norm * x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
-@pytest.mark.parametrize('name', features.ATTENTION_FEATURE_MAPS)
+@pytest.mark.parametrize('name', features.KERNEL_ATTENTION_MAPS)
 def test_attention_pair_bounds_padding_and_log_features(name):
   # Rows of norm 40: porf_softplus's raw features are all 0 in float32 there (e^{s − 800}).
   kq, kk, kw = jax.random.split(jax.random.key(17), 3)
@@ -163,7 +163,7 @@ def test_attention_pair_bounds_padding_and_log_features(name):
   omega = jax.random.normal(kw, (16, 8))
   mask = jnp.arange(10)[None] < jnp.array([[10], [6]])
   qf, kf = features.attention_pair(q, k, omega, name, mask)
-  width = 32 if name == 'softmaxfeat' else 16
+  width = 32 if name in ('softmaxfeat', 'hedgehog') else 16
   chex.assert_shape((qf, kf), (2, 10, width))
   chex.assert_type((qf, kf), jnp.float32)
   assert float(jnp.max(qf)) <= 1 / 4 * (1 + 1e-6) and float(jnp.max(kf)) <= 1 / 4 * (1 + 1e-6)
@@ -182,6 +182,30 @@ def test_attention_pair_bounds_padding_and_log_features(name):
   assert np.all(np.isfinite(features.log_features(q, omega, name)))
   if name == 'porf_softplus':
     assert np.all(np.asarray(fm(q, omega)) == 0)         # what the shifts repair
+
+
+def test_num_features_counts_two_per_particle_for_paired_maps():
+  omega = features.sample_gaussian(jax.random.key(3), 5, 4)
+  x = jnp.ones((2, 4))
+  for name in features.FEATURE_MAPS:
+    assert features.get_feature_map(name)(x, omega).shape[-1] == features.num_features(name, 5)
+  assert features.num_features('hedgehog', 5) == 10 and features.num_features('elu', 5) == 5
+  with pytest.raises(ValueError, match="unknown name 'exp'"):
+    features.num_features('exp', 5)
+
+
+def test_hedgehog_is_the_mimicry_map_and_its_log_features():
+  # features.hedgehog (the map KernelAttention takes) is mimicry's, and its log form
+  # is mimicry.hedgehog_log_features, at a scale where the direct form overflows.
+  from coulomb_jax import mimicry  # pylint: disable=g-import-not-at-top
+  omega = features.sample_gaussian(jax.random.key(4), 6, 5)
+  x = jax.random.normal(jax.random.key(5), (3, 5))
+  np.testing.assert_allclose(features.hedgehog(x, omega),
+                             mimicry.hedgehog(x, omega, stabilize=False), rtol=1e-6)
+  big = 60.0 * x
+  np.testing.assert_allclose(features.log_features(big, omega, 'hedgehog'),
+                             mimicry.hedgehog_log_features(big, omega), rtol=1e-6)
+  assert not np.all(np.isfinite(features.hedgehog(big, omega)))    # what log space avoids
 
 
 def test_favor_pair_is_attention_pair_of_favor():
@@ -205,7 +229,7 @@ def test_every_map_shape_scale_dtype_and_transforms(name):
   omega = features.sample_gaussian(jax.random.key(7), 12, 6)
   x = jax.random.normal(jax.random.key(8), (3, 5, 6))
   phi = fm(x, omega)
-  width = 24 if name in ('rff', 'softmaxfeat') else 12
+  width = 24 if name in ('rff', 'softmaxfeat', 'hedgehog') else 12
   assert phi.shape == (3, 5, width) and phi.dtype == jnp.float32
   if name != 'rff':
     assert np.all(phi >= 0)
@@ -298,7 +322,7 @@ class FeatureMapVariantsTest(chex.TestCase):
            'elu': np.where(s > 0, s + 1, np.exp(s)), 'softplus': np.log1p(np.exp(s)),
            'sigmoid2': sig ** 2, 'cos2': np.cos(s) ** 2,
            'softmaxfeat': 12 * np.exp(both) / np.exp(both).sum(-1, keepdims=True),
-           'porf_softplus': np.log1p(np.exp(s - half))}[name]
+           'porf_softplus': np.log1p(np.exp(s - half)), 'hedgehog': np.exp(both) / np.sqrt(2)}[name]
     chex.assert_shape(phi, psi.shape)
     chex.assert_type(phi, jnp.float32)
     chex.assert_trees_all_close(phi, psi / np.sqrt(6), rtol=1e-5, atol=1e-6)
@@ -308,7 +332,7 @@ class FeatureMapVariantsTest(chex.TestCase):
     with jax.enable_x64(True):
       q = jax.random.normal(jax.random.key(20), (5, 3), jnp.float64)
       omega = features.sample_gaussian(jax.random.key(21), 4, 3, jnp.float64)
-      for name in features.ATTENTION_FEATURE_MAPS:
+      for name in features.KERNEL_ATTENTION_MAPS:
         qf, kf = self.variant(lambda a, w, n=name: features.attention_pair(a, a, w, n))(q, omega)
         chex.assert_type((qf, kf), jnp.float64)
         gram = qf @ kf.T                   # one factor per row times the exact Gram matrix

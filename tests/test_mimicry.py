@@ -208,9 +208,14 @@ def kernel_setup():
   return x, ka, params, mha_params
 
 
-def test_kernel_attention_fn_matches_kernel_attention_and_numpy(kernel_setup):
-  x, ka, params, mha_params = kernel_setup
-  mha = _mha(params['particles'])
+@pytest.mark.parametrize('name', ['favor', 'hedgehog'])
+def test_kernel_attention_fn_matches_kernel_attention_and_numpy(kernel_setup, name):
+  # hedgehog in models.KernelAttention (M rows, 2M features) is the drop-in's hedgehog.
+  x, _, params, mha_params = kernel_setup
+  ka = models.KernelAttention(num_heads=H, feature_map=name, num_features=M,
+                              qk_mode='projected')
+  mha = nn.MultiHeadDotProductAttention(
+      num_heads=H, attention_fn=fa.kernel_attention_fn(params['particles'], name))
   mask = nn.make_attention_mask(_TOKENS, _TOKENS)
   out = mha.apply({'params': mha_params}, x, x, mask=mask)
   np.testing.assert_allclose(out, ka.apply({'params': params}, x, _TOKENS),
@@ -225,7 +230,7 @@ def test_kernel_attention_fn_matches_kernel_attention_and_numpy(kernel_setup):
     real = np.asarray(_TOKENS[b])
     for h in range(H):
       w = np.asarray(params['particles'][h], np.float64)
-      kern = _np_phi(q[b, :, h], w, 'favor') @ _np_phi(k[b, real, h], w, 'favor').T
+      kern = _np_phi(q[b, :, h], w, name) @ _np_phi(k[b, real, h], w, name).T
       ref[b, :, h] = (kern @ v[b, real, h]) / kern.sum(-1, keepdims=True)
   ref = np.einsum('blhd,hde->ble', ref, p['out']['kernel']) + p['out']['bias']
   np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)

@@ -26,7 +26,7 @@ def test_shared_mode_has_no_query_key_projections():
       'particles', 'query', 'key', 'value', 'out'}
 
 
-@pytest.mark.parametrize('name', ['favor', 'elu', 'softmaxfeat', 'porf_softplus'])
+@pytest.mark.parametrize('name', ['favor', 'elu', 'softmaxfeat', 'porf_softplus', 'hedgehog'])
 @pytest.mark.parametrize('causal', [False, True])
 def test_padding_changes_nothing_and_output_is_finite(name, causal):
   module = models.KernelAttention(num_heads=H, feature_map=name, num_features=M,
@@ -64,6 +64,8 @@ def test_bad_configuration():
     models.KernelAttention(num_heads=3).init(jax.random.key(0), _x())
   with pytest.raises(ValueError, match="'rff' is not non-negative"):
     models.KernelAttention(num_heads=H, feature_map='rff').init(jax.random.key(0), _x())
+  with pytest.raises(ValueError, match=r"feature_map must be one of .*'hedgehog'\), got 'exp'"):
+    models.KernelAttention(num_heads=H, feature_map='exp').init(jax.random.key(0), _x())
 
 
 def test_padded_keys_do_not_set_the_favor_stabiliser():
@@ -154,7 +156,7 @@ def test_encoder_rejects_too_long_input_and_unknown_attention():
     _encoder(attention='bogus').init(jax.random.key(0), ids, seg, mask)
 
 
-@pytest.mark.parametrize('name', ['favor', 'softmaxfeat'])
+@pytest.mark.parametrize('name', ['favor', 'softmaxfeat', 'hedgehog'])
 def test_chunked_module_equals_the_materialised_one(name):
   x = _x(length=13)
   mask = jnp.arange(13)[None] < jnp.array([13, 6])[:, None]
