@@ -153,6 +153,13 @@ def test_auto_takes_the_kernels_by_the_lowering_platform_not_the_host(masked):
   # A shape the kernels do not take (head dim 8) is XLA for every platform.
   small = lambda q, om: attention.fused_linear_attention(q, q, q, om)
   assert 'triton' not in _lower(small, q[..., :8], omega[..., :8], platform='cuda')
+  # A map the kernels do not take (hedgehog) is XLA for every platform, at this shape too,
+  # bidirectional and causal.
+  for fused in (attention.fused_linear_attention, attention.fused_causal_linear_attention):
+    hedgehog = lambda q, om, fused=fused: fused(q, q, q, om, feature_map='hedgehog')
+    for p in ('cuda', 'tpu'):
+      text = _lower(hedgehog, q, omega, platform=p)
+      assert 'func.func public @main' in text and 'triton' not in text
 
 
 def _qo(dim=16, num=64, length=32):
