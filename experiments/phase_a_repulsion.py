@@ -17,7 +17,9 @@ distance; mean over heads) for the initial, ball-projected and learned particles
 held-out centered alignment ρ of the learned and ball particles, and the test and
 validation accuracy of the run and of its seed's Ball-X run. Per setting and map
 (``settings``): the means over seeds. The page block (between the ``repulsion`` markers
-of ``--docs``) is the table of those means; the page's words around it are kept.
+of ``--docs``) is the table of those means; the page's words around it are kept. Runs of
+``phase_a.target = 'softmax'`` are another study's (``experiments.phase_a_softmax``). A
+file that holds runs the folders no longer give is not replaced (``--allow_fewer``).
 """
 
 import os
@@ -172,6 +174,15 @@ def markdown(summary: List[dict], meta: dict) -> List[str]:
   return lines
 
 
+def _keys(rows: List[dict]) -> set:
+  return {(f'{r["setting"]}/{r["map"]}', int(r['seed'])) for r in rows}
+
+
+def run_keys(out: str) -> dict:
+  """``{'runs': {(setting/map, seed)}}`` of the JSON ``out`` holds now (empty if none)."""
+  return {'runs': _keys(loading.read_json(out).get('runs', []))} if os.path.exists(out) else {}
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
@@ -181,6 +192,8 @@ def main(argv):
     rows = collect(FLAGS.runs, FLAGS.dataset)
   except (ValueError, FileNotFoundError) as e:
     raise cli.ConfigError(str(e)) from None
+  loading.check_not_fewer(run_keys(FLAGS.out), {'runs': _keys(rows)}, FLAGS.out,
+                          FLAGS.allow_fewer)
   summary = summarize(rows)
   meta = provenance.run_metadata('experiments.phase_a_repulsion')
   machine = meta['machine']
@@ -198,4 +211,5 @@ if __name__ == '__main__':
   flags.DEFINE_string('dataset', 'rotten_tomatoes', 'Dataset of the runs read.')
   flags.DEFINE_string('out', 'results/phase_a_repulsion.json', 'Per-run and summary JSON.')
   flags.DEFINE_string('docs', '', 'Page whose repulsion block is rewritten (empty: none).')
+  flags.DEFINE_bool('allow_fewer', False, 'Replace --out even if it holds runs not found now.')
   cli.run(main)

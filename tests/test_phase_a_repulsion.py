@@ -106,3 +106,21 @@ def test_own_key_ball_rho_is_averaged_when_every_seed_has_it_and_softmax_runs_ar
   lines = rep.markdown([entries['lam1'], entries['lam10']],
                        {'out': 'x.json', 'command': 'c', 'commit': 'abc', 'machine': 'm'})
   assert '| 0.200 | 0.260 | 0.400 |' in lines[3] and '| 0.100 | – | 0.400 |' in lines[4]
+
+
+def test_the_command_refuses_to_replace_its_file_by_fewer_runs(tmp_path):
+  import subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+  root = str(tmp_path / 'runs')
+  _study(root)
+  out = tmp_path / 'rep.json'
+  held = {'runs': [{'setting': 'lam1', 'map': 'favor', 'seed': 0}]}
+  out.write_text(json.dumps(held))
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cmd = [sys.executable, '-m', 'experiments.phase_a_repulsion', f'--runs={root}', f'--out={out}']
+  proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0 and 'refusing to replace results by fewer' in proc.stderr
+  assert json.loads(out.read_text()) == held                 # untouched
+  proc = subprocess.run(cmd + ['--allow_fewer'], cwd=repo, capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert len(json.loads(out.read_text())['runs']) == 2

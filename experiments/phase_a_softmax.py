@@ -1,0 +1,188 @@
+r"""Phase A on the softmax target inside the encoder: closer to softmax, and more accurate?
+
+  workdir/repulsion/run_softmax.sh, workdir/repulsion/run_softmax_r12.sh   # the runs
+  python -m experiments.phase_a_softmax --runs=workdir/repulsion \
+      --settings=softmax_coulomb,softmax_coulomb_r12 --labels_setting=lam1_coulomb \
+      --out=results/phase_a_softmax.json --docs=docs/softmax_mimicry.md
+
+Reads the Kernel-X runs of each ``--settings`` folder under ``--runs``
+(``<runs>/<setting>/<dataset>/kernel-<map>/seed<s>/``, ``phase_a.target = 'softmax'``),
+the Kernel-X runs of the label target with the same repulsion (``--labels_setting``), and
+the controls of the same seeds under ``<runs>/base/``: Ball-X (the random draw projected
+onto the ball of radius 1.5) and Vanilla-X (the draw itself; at a radius the draw lies
+inside, it is also that radius' Ball-X). All of them continue one Phase B prefix per map
+and seed (``run.prefix_from``), so every difference is Phase A's.
+
+Per run (the JSON's ``runs``, enough to recompute every cell): per layer, the held-out
+attention KL(softmax ‖ linear) of the initial, ball and learned particles on each head's
+own queries and keys of validation rows, and the median drift/noise ratio of the stage;
+the test and validation accuracy of the run and of its controls. Per setting and map
+(``settings``): the means over seeds. The page block (between the ``phase-a-softmax``
+markers of ``--docs``) is the table of those means; the words around it are kept. A
+file that holds runs the folders no longer give is not replaced (``--allow_fewer``).
+"""
+
+import os
+import sys
+from typing import Dict, List
+
+if __name__ == '__main__' and not __package__:
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags
+import numpy as np
+
+from experiments import phase_a_repulsion
+from experiments.analysis import loading
+from experiments.common import cli
+from experiments.common import page_block
+from experiments.common import provenance
+
+FLAGS = flags.FLAGS
+BEGIN = '<!-- phase-a-softmax:begin (written by python -m experiments.phase_a_softmax) -->'
+END = '<!-- phase-a-softmax:end -->'
+KL_KINDS = ('initial', 'ball', 'learned')
+CONTROLS = ('ball', 'vanilla', 'labels')
+
+
+def _by_key(runs: List[dict], dataset: str) -> Dict[tuple, dict]:
+  return {(r['variant'].split('-', 1)[1], r['seed']): r for r in runs
+          if r['dataset'] == dataset}
+
+
+def _load(runs_dir: str, setting: str, dataset: str, target: str) -> Dict[tuple, dict]:
+  """``{(map, seed): results}`` of the Kernel-X runs of one setting folder."""
+  folder = os.path.join(runs_dir, setting)
+  finished, _ = loading.load_runs(folder)
+  runs = [dict(r, path=os.path.join(setting, r['path'])) for r in finished
+          if r['variant'].startswith('kernel-')]
+  for r in runs:
+    if r['config']['phase_a'].get('target', 'labels') != target:
+      raise ValueError(f'{r["path"]}: phase_a.target is '
+                       f'{r["config"]["phase_a"].get("target", "labels")!r}, expected '
+                       f'{target!r} in {setting!r}.')
+  return _by_key(runs, dataset)
+
+
+def run_row(setting: str, run: dict, controls: Dict[str, dict]) -> dict:
+  """The per-run record of a softmax-target Kernel-X run and its controls."""
+  pa = run['config']['phase_a']
+  layers = [{'layer': int(s['layer']), 'drift_to_noise': float(s['drift_to_noise']),
+             'kl': {k: float(s['heldout'][k]['kl']) for k in KL_KINDS}}
+            for s in run['phase_a']['stages']]
+  row = {'setting': setting, 'map': run['variant'].split('-', 1)[1], 'seed': run['seed'],
+         'radius': pa['radius'], 'relative_lam': pa['relative_lam'],
+         'riesz_s': str(pa['riesz_s']), 'path': run['path'], 'commit': run.get('commit'),
+         'layers': layers, 'test_accuracy': run['test']['accuracy'],
+         'validation_accuracy': run['validation']['accuracy']}
+  for name, c in controls.items():
+    row[f'{name}_test_accuracy'] = c['test']['accuracy']
+    row[f'{name}_validation_accuracy'] = c['validation']['accuracy']
+  return row
+
+
+def collect(runs_dir: str, settings: List[str], labels_setting: str, dataset: str) -> List[dict]:
+  """Every softmax-target run of ``settings`` with its controls (ValueError if one lacks)."""
+  base, _ = loading.load_runs(os.path.join(runs_dir, 'base'))
+  ball = _by_key([r for r in base if r['variant'].startswith('ball-')], dataset)
+  vanilla = _by_key([r for r in base if r['variant'].startswith('vanilla-')], dataset)
+  labels = _load(runs_dir, labels_setting, dataset, 'labels')
+  rows = []
+  for setting in settings:
+    for key, run in sorted(_load(runs_dir, setting, dataset, 'softmax').items()):
+      controls = {'ball': ball.get(key), 'vanilla': vanilla.get(key), 'labels': labels.get(key)}
+      missing = [n for n, c in controls.items() if c is None]
+      if missing:
+        raise ValueError(f'{run["path"]}: no {missing} control run of map {key[0]!r} seed '
+                         f'{key[1]} (base/ and {labels_setting}/ under {runs_dir!r}).')
+      rows.append(run_row(setting, run, controls))
+  if not rows:
+    raise ValueError(f'--settings: no finished softmax-target run of {dataset!r} in '
+                     f'{settings} under {runs_dir!r}.')
+  return rows
+
+
+def summarize(rows: List[dict]) -> List[dict]:
+  """Means over seeds per (setting, map): held-out KL per layer, accuracies, gains."""
+  groups: Dict[tuple, List[dict]] = {}
+  for r in rows:
+    groups.setdefault((r['setting'], r['map']), []).append(r)
+  out = []
+  for (setting, fmap), group in groups.items():
+    mean = lambda get: float(np.mean([get(r) for r in group]))
+    entry = {'setting': setting, 'map': fmap, 'radius': group[0]['radius'],
+             'seeds': [r['seed'] for r in group],
+             'layers': [{'layer': layer['layer'],
+                         'drift_to_noise': mean(lambda r, i=i: r['layers'][i]['drift_to_noise']),
+                         'kl': {k: mean(lambda r, i=i, k=k: r['layers'][i]['kl'][k])
+                                for k in KL_KINDS}}
+                        for i, layer in enumerate(group[0]['layers'])]}
+    entry['test_accuracy'] = mean(lambda r: r['test_accuracy'])
+    for name in CONTROLS:
+      entry[f'{name}_test_accuracy'] = mean(lambda r, n=name: r[f'{n}_test_accuracy'])
+      entry[f'minus_{name}_test'] = entry['test_accuracy'] - entry[f'{name}_test_accuracy']
+    out.append(entry)
+  return sorted(out, key=lambda e: (e['radius'], e['map']))
+
+
+def markdown(summary: List[dict], meta: dict) -> List[str]:
+  """The page block: one row per setting, map and layer."""
+  lines = ['| radius | map | layer | KL initial | KL ball | KL learned | drift/noise | '
+           'test acc. | − Ball-X (1.5) | − Vanilla-X | − labels target |',
+           '|---|---|---|---|---|---|---|---|---|---|---|']
+  for e in summary:
+    for layer in e['layers']:
+      first = layer is e['layers'][0]
+      acc = ([f'{e["test_accuracy"]:.4f}'] + [f'{e[f"minus_{n}_test"]:+.4f}' for n in CONTROLS]
+             if first else [''] * 4)
+      kl = layer['kl']
+      lines.append(f'| {e["radius"]:g} | {e["map"]} | {layer["layer"]} | {kl["initial"]:.3f} | '
+                   f'{kl["ball"]:.3f} | {kl["learned"]:.3f} | {layer["drift_to_noise"]:.3g} | '
+                   + ' | '.join(acc) + ' |')
+  seeds = sorted({s for e in summary for s in e['seeds']})
+  lines += ['', f'Means over seeds {seeds} (per-run values in `{meta["out"]}`). KL: held-out '
+            'attention KL(softmax ‖ linear) of each head on its own queries and keys, mean '
+            'over heads and real query tokens of validation rows. Test accuracy on the Rotten '
+            'Tomatoes test split; the differences are paired by seed, against runs that share '
+            f'the Phase B prefix. Made by `{meta["command"]}` at {meta["commit"]} on '
+            f'{meta["machine"]}.']
+  return lines
+
+
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  if not os.path.isdir(FLAGS.runs):
+    raise cli.ConfigError(f'--runs: {FLAGS.runs!r} is not a folder.')
+  try:
+    rows = collect(FLAGS.runs, FLAGS.settings, FLAGS.labels_setting, FLAGS.dataset)
+  except (ValueError, FileNotFoundError) as e:
+    raise cli.ConfigError(str(e)) from None
+  loading.check_not_fewer(phase_a_repulsion.run_keys(FLAGS.out),
+                          {'runs': phase_a_repulsion._keys(rows)},  # pylint: disable=protected-access
+                          FLAGS.out, FLAGS.allow_fewer)
+  summary = summarize(rows)
+  meta = provenance.run_metadata('experiments.phase_a_softmax')
+  machine = meta['machine']
+  meta_page = {'out': FLAGS.out, 'command': meta['command'], 'commit': meta['commit'][:8],
+               'machine': f'{machine["cpu_count"]}-core {machine["platform"]}'}
+  provenance.write_json_atomic(FLAGS.out, dict(meta, dataset=FLAGS.dataset,
+                                               settings=summary, runs=rows), indent=1)
+  if FLAGS.docs:
+    page_block.write_block(FLAGS.docs, BEGIN, END, markdown(summary, meta_page))
+
+
+if __name__ == '__main__':
+  flags.DEFINE_string('runs', 'workdir/repulsion', 'The study folder (setting sub-folders '
+                      'and base/ with the Ball-X and Vanilla-X runs).')
+  flags.DEFINE_list('settings', ['softmax_coulomb', 'softmax_coulomb_r12'],
+                    'Setting folders of the softmax-target runs.')
+  flags.DEFINE_string('labels_setting', 'lam1_coulomb', 'Setting folder of the label-target '
+                      'runs with the same repulsion.')
+  flags.DEFINE_string('dataset', 'rotten_tomatoes', 'Dataset of the runs read.')
+  flags.DEFINE_string('out', 'results/phase_a_softmax.json', 'Per-run and summary JSON.')
+  flags.DEFINE_string('docs', '', 'Page whose phase-a-softmax block is rewritten (empty: none).')
+  flags.DEFINE_bool('allow_fewer', False, 'Replace --out even if it holds runs not found now.')
+  cli.run(main)
