@@ -196,7 +196,8 @@ def test_end_to_end_softmax_target_lowers_the_heldout_attention_kl(tmp_path):
   report = result['phase_a']
   assert result['phase_a_steps'] == 12 and report['target'] == 'softmax'
   kl = report['heldout_kl']
-  assert set(kl) == {'initial', 'ball', 'learned'}        # no shuffled-label null
+  assert set(kl) == {'initial', 'ball', 'ball_own_keys', 'learned'}   # no shuffled-label null
+  assert kl['ball_own_keys'] == kl['ball']                 # one layer: no layers below
   assert kl['learned'] < kl['ball'] and kl['learned'] < kl['initial']
   assert 'heldout_centered_alignment' not in report
   stage = report['stages'][0]

@@ -13,6 +13,7 @@ import pytest
 from flax import traverse_util
 
 from coulomb_jax import hamiltonian
+from coulomb_jax import langevin
 from coulomb_jax import models
 from coulomb_jax import training
 from experiments.run import run_folder
@@ -421,7 +422,7 @@ def test_after_b_learns_on_the_trained_encoder_resumes_and_shares_its_prefix(tmp
                 'random_walk_displacement', 'inside_fraction'):
     assert np.isfinite(report[field]), field
   for stat in ('heldout_alignment', 'heldout_centered_alignment'):
-    assert set(report[stat]) == {'initial', 'ball', 'learned', 'null'}
+    assert set(report[stat]) == {'initial', 'ball', 'ball_own_keys', 'learned', 'null'}
   stage = report['stages'][0]
   assert stage['gibbs_tilt'] == pytest.approx(100.0, rel=1e-5)   # the tilt rule
   assert stage['layer'] == 0 and stage['steps'] == 4
@@ -457,6 +458,11 @@ def test_after_b_learns_on_the_trained_encoder_resumes_and_shares_its_prefix(tmp
   norms = [np.linalg.norm(w, axis=-1) for path, w in training.particle_leaves(
       _final_params(str(tmp_path / 'ball'))).items()]
   assert max(float(n.max()) for n in norms) <= 1.5 + 1e-5
+  # What the stages' ball_own_keys control assumes (stages.ball_control): Ball-X's particles
+  # are the initial draw (Vanilla-X's, never moved) projected onto the ball.
+  drawn = training.particle_leaves(_final_params(str(tmp_path / 'vanilla')))
+  for path, w in training.particle_leaves(_final_params(str(tmp_path / 'ball'))).items():
+    np.testing.assert_allclose(w, langevin.project_to_ball(drawn[path], 1.5), rtol=1e-6)
   # A prefix of another Phase B config is refused.
   other = _after_b(**{'run.prefix_from': str(tmp_path / 'vanilla'),
                       'phase_b.learning_rate': 1.0})
@@ -472,7 +478,8 @@ def test_alternating_runs_a_phase_a_pass_between_phase_b_blocks(tmp_path):
   result = train.train_and_evaluate(config, str(tmp_path / 'alt'))
   assert [s['phase'] for s in result['schedule']] == ['b', 'a', 'b', 'a', 'b']
   assert [s['cycle'] for s in result['phase_a']['stages']] == [0, 1]
-  assert set(result['phase_a']['heldout_alignment']) == {'initial', 'ball', 'learned'}
+  assert set(result['phase_a']['heldout_alignment']) == {'initial', 'ball', 'ball_own_keys',
+                                                          'learned'}
   assert result['phase_a_steps'] == 8 and result['best_epoch'] >= 1
 
 
