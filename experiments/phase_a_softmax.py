@@ -1,8 +1,8 @@
 r"""Phase A on the softmax target inside the encoder: closer to softmax, and more accurate?
 
-  workdir/repulsion/run_softmax.sh, workdir/repulsion/run_softmax_r12.sh   # the runs
+  experiments/phase_a_repulsion.sh      # the runs: its softmax-target part
   python -m experiments.phase_a_softmax --runs=workdir/repulsion \
-      --settings=softmax_coulomb,softmax_coulomb_r12 --labels_setting=lam1_coulomb \
+      --settings=softmax_coulomb,softmax_log_r12 --labels_setting=lam1_coulomb \
       --out=results/phase_a_softmax.json --docs=docs/softmax_mimicry.md
 
 Reads the Kernel-X runs of each ``--settings`` folder under ``--runs``
@@ -177,7 +177,7 @@ def main(argv):
 if __name__ == '__main__':
   flags.DEFINE_string('runs', 'workdir/repulsion', 'The study folder (setting sub-folders '
                       'and base/ with the Ball-X and Vanilla-X runs).')
-  flags.DEFINE_list('settings', ['softmax_coulomb', 'softmax_coulomb_r12'],
+  flags.DEFINE_list('settings', ['softmax_coulomb', 'softmax_log_r12'],
                     'Setting folders of the softmax-target runs.')
   flags.DEFINE_string('labels_setting', 'lam1_coulomb', 'Setting folder of the label-target '
                       'runs with the same repulsion.')

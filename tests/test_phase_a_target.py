@@ -283,3 +283,16 @@ def test_layer_two_ball_control_is_measured_on_ball_x_keys(tmp_path):
   assert np.all(np.isfinite(own)) and own != ball
   assert set(result['phase_a']['heldout_centered_alignment']) == {
       'initial', 'ball', 'ball_own_keys', 'learned'}
+
+
+@needs_data
+def test_a_repulsion_that_underflows_is_one_config_error(tmp_path):
+  # s = 200 at distances ~4 (D_h = 8 draws, inside a ball of radius 12): r^-s is 0 in
+  # float32, so relative_lam has nothing to scale; before, a ValueError traceback.
+  from experiments import train
+  from experiments.common import cli
+  config = _config(**{'phase_a.relative_lam': 1.0, 'phase_a.riesz_s': '200.0',
+                      'phase_a.radius': 12.0})
+  with pytest.raises(cli.ConfigError, match=r"phase_a.relative_lam=1.0: no repulsion force .*"
+                                            r"riesz_s='200.0'.*riesz_s=0.0 \(log\)"):
+    train.train_and_evaluate(config, str(tmp_path / 'run'))

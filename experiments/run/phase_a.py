@@ -51,6 +51,7 @@ from coulomb_jax import diagnostics
 from coulomb_jax import langevin_diagnostics as ld
 from coulomb_jax import phase_a_mimicry
 from coulomb_jax import training
+from experiments.common import cli
 from experiments.run import checkpoints
 from experiments.run import evaluation
 from experiments.run import run_folder
@@ -161,8 +162,7 @@ def _calibrate_softmax(run, stage, params, rows) -> dict:
 
   unit, potentials = _token_mean(run, rows, _mimicry_fn(run, stages.stage_paths(run, stage),
                                                         statistic), params)
-  lam = (ld.relative_lam(unit['repulsion'], unit['cross_entropy'], a.relative_lam)
-         if a.relative_lam else float(a.lam))
+  lam = _relative_lam(a, unit['repulsion'], unit['cross_entropy'])
   grad_h = {p: unit['cross_entropy'][p] + lam * unit['repulsion'][p] for p in unit['repulsion']}
   ranges = {'/'.join(p): [float(x) for x in np.asarray(ld.potential_range(u))]
             for p, u in potentials.items()}
@@ -195,8 +195,7 @@ def calibrate(run: stages.Run, index: int, stage, params) -> dict:
     forces = jax.jit(lambda p, lam: training.phase_a_forces(
         p, inputs, labels, weights, only=only, **_objective(run.config, lam)))
     unit = forces(params, 1.0)
-    lam = (ld.relative_lam(unit['repulsion'], unit['alignment'], a.relative_lam)
-           if a.relative_lam else float(a.lam))
+    lam = _relative_lam(a, unit['repulsion'], unit['alignment'])
     ranges = training.phase_a_potential_range(
         jax.random.fold_in(stage_key(run, stage), _PROBE_KEY), params, inputs, labels,
         feature_map=run.config.model.feature_map, radius=a.radius, num_probes=NUM_PROBES,
@@ -210,6 +209,21 @@ def calibrate(run: stages.Run, index: int, stage, params) -> dict:
                if a.relative_step else float(a.step_size))
   return {'step_size': step_size, 'beta': beta, 'lam': lam, 'potential_range': ranges,
           'median_potential_range': median_range}
+
+
+def _relative_lam(a, repulsion, data) -> float:
+  """λ: ``phase_a.lam``, or by ``relative_lam`` from the forces (no repulsion force, e.g.
+  r^−s underflowing at s = 62 on a ball of radius 12: one ``cli.ConfigError``)."""
+  if not a.relative_lam:
+    return float(a.lam)
+  try:
+    return ld.relative_lam(repulsion, data, a.relative_lam)
+  except ValueError as e:
+    raise cli.ConfigError(
+        f'phase_a.relative_lam={a.relative_lam}: no repulsion force to scale at the stage '
+        f'start ({e}) with phase_a.riesz_s={a.riesz_s!r} and phase_a.radius={a.radius}: '
+        'r^-s underflows for particles this far apart; use phase_a.riesz_s=0.0 (log) or a '
+        'smaller s, or a fixed phase_a.lam with relative_lam=0.') from None
 
 
 def _heldout_fn(run, stage):
@@ -401,9 +415,7 @@ def _stage_summary(run, index, stage, cal, heldout, step_fn, opt, table, steps, 
   ball = stages.projected(start, paths, a.radius)
   learned = ck['params']
   result = {'initial': heldout(start), 'ball': heldout(ball), 'learned': heldout(learned)}
-  # Ball-X's own keys: the layers below also at Ball-X's particles (the same as 'ball'
-  # for a stage whose layers below have not moved: joint, or layer 0 of the first pass).
-  own = stages.ball_control(run, start)
+  own = stages.ball_control(run, start)     # = 'ball' where no layer below has moved
   if own is not None:
     result['ball_own_keys'] = (result['ball'] if not stage.layer and stage.cycle == 0
                                else heldout(own))
