@@ -15,6 +15,8 @@
   mqar              MQAR associative recall: one run or the grid
   mqar_convert      trained softmax MQAR models converted to linear attention
   phase_a_repulsion does stronger repulsion keep the particles apart (``.sh``: its runs)
+  phase_a_softmax   Phase A on the softmax target inside the encoder (runs: the same ``.sh``)
+  softmax_mimicry   fidelity to softmax against N and conversion of trained softmax encoders
   gpu_grid.sh       the paper-length grid on the GPU machine (``bash experiments/gpu_grid.sh``)
 
 Their parts live in sub-packages named for their job: ``run`` (one training run),
