@@ -139,8 +139,9 @@ def _bad_vocab(tmp):
 
 
 NUMBER = r'must be a number, got the string'
+# features.KERNEL_ATTENTION_MAPS: the paper's seven and hedgehog.
 ATTENTION_MAPS = r"\('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'softmaxfeat', " \
-                 r"'porf_softplus'\)"
+                 r"'porf_softplus', 'hedgehog'\)"
 
 CASES = [
     # ----------------------------------------------------------------------- features
