@@ -183,26 +183,38 @@ def run_keys(out: str) -> dict:
   return {'runs': _keys(loading.read_json(out).get('runs', []))} if os.path.exists(out) else {}
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
-  if not os.path.isdir(FLAGS.runs):
-    raise cli.ConfigError(f'--runs: {FLAGS.runs!r} is not a folder.')
-  try:
-    rows = collect(FLAGS.runs, FLAGS.dataset)
-  except (ValueError, FileNotFoundError) as e:
-    raise cli.ConfigError(str(e)) from None
+def write_study(module: str, rows: List[dict], summary: List[dict], markdown_fn, begin: str,
+                end: str) -> None:
+  """Writes ``--out`` (metadata, ``settings`` = ``summary``, ``runs`` = ``rows``) and the page
+  block of ``--docs`` (``markdown_fn(summary, meta)``), refusing first to replace ``--out``
+  by fewer runs (``--allow_fewer``). Shared with ``experiments.phase_a_softmax``."""
   loading.check_not_fewer(run_keys(FLAGS.out), {'runs': _keys(rows)}, FLAGS.out,
                           FLAGS.allow_fewer)
-  summary = summarize(rows)
-  meta = provenance.run_metadata('experiments.phase_a_repulsion')
+  meta = provenance.run_metadata(module)
   machine = meta['machine']
   meta_page = {'out': FLAGS.out, 'command': meta['command'], 'commit': meta['commit'][:8],
                'machine': f'{machine["cpu_count"]}-core {machine["platform"]}'}
   provenance.write_json_atomic(FLAGS.out, dict(meta, dataset=FLAGS.dataset,
                                                settings=summary, runs=rows), indent=1)
   if FLAGS.docs:
-    page_block.write_block(FLAGS.docs, BEGIN, END, markdown(summary, meta_page))
+    page_block.write_block(FLAGS.docs, begin, end, markdown_fn(summary, meta_page))
+
+
+def check_runs_folder(argv) -> None:
+  """One ``cli.ConfigError`` for extra arguments or a ``--runs`` that is not a folder."""
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  if not os.path.isdir(FLAGS.runs):
+    raise cli.ConfigError(f'--runs: {FLAGS.runs!r} is not a folder.')
+
+
+def main(argv):
+  check_runs_folder(argv)
+  try:
+    rows = collect(FLAGS.runs, FLAGS.dataset)
+  except (ValueError, FileNotFoundError) as e:
+    raise cli.ConfigError(str(e)) from None
+  write_study('experiments.phase_a_repulsion', rows, summarize(rows), markdown, BEGIN, END)
 
 
 if __name__ == '__main__':

@@ -35,8 +35,6 @@ import numpy as np
 from experiments import phase_a_repulsion
 from experiments.analysis import loading
 from experiments.common import cli
-from experiments.common import page_block
-from experiments.common import provenance
 
 FLAGS = flags.FLAGS
 BEGIN = '<!-- phase-a-softmax:begin (written by python -m experiments.phase_a_softmax) -->'
@@ -152,26 +150,13 @@ def markdown(summary: List[dict], meta: dict) -> List[str]:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
-  if not os.path.isdir(FLAGS.runs):
-    raise cli.ConfigError(f'--runs: {FLAGS.runs!r} is not a folder.')
+  phase_a_repulsion.check_runs_folder(argv)
   try:
     rows = collect(FLAGS.runs, FLAGS.settings, FLAGS.labels_setting, FLAGS.dataset)
   except (ValueError, FileNotFoundError) as e:
     raise cli.ConfigError(str(e)) from None
-  loading.check_not_fewer(phase_a_repulsion.run_keys(FLAGS.out),
-                          {'runs': phase_a_repulsion._keys(rows)},  # pylint: disable=protected-access
-                          FLAGS.out, FLAGS.allow_fewer)
-  summary = summarize(rows)
-  meta = provenance.run_metadata('experiments.phase_a_softmax')
-  machine = meta['machine']
-  meta_page = {'out': FLAGS.out, 'command': meta['command'], 'commit': meta['commit'][:8],
-               'machine': f'{machine["cpu_count"]}-core {machine["platform"]}'}
-  provenance.write_json_atomic(FLAGS.out, dict(meta, dataset=FLAGS.dataset,
-                                               settings=summary, runs=rows), indent=1)
-  if FLAGS.docs:
-    page_block.write_block(FLAGS.docs, BEGIN, END, markdown(summary, meta_page))
+  phase_a_repulsion.write_study('experiments.phase_a_softmax', rows, summarize(rows), markdown,
+                                BEGIN, END)
 
 
 if __name__ == '__main__':
