@@ -15,12 +15,15 @@ meaningless. Inputs are promoted to (at least) float32 before the contractions
 (bf16 inputs included: XLA's CPU backend has no bf16×bf16→f32 dot), the
 denominator is guarded by ``eps``, and the output has ``v``'s dtype.
 
-Causal: ``fused_causal_linear_attention(q, k, v, omega, feature_map=...)`` computes
-the features from the particles chunk by chunk and is exact at any input scale for
-every map (what ``models.KernelAttention(causal=True)`` uses; ``implementation='auto'``
-takes the Pallas causal kernel when lowered for cuda);
-``causal_linear_attention`` on stored features is exact only where no query's
-prefix underflows (its docstring).
+Causal (no output depends on a later token, at any input scale, on every path):
+``fused_causal_linear_attention(q, k, v, omega, feature_map=...)`` computes the features
+from the particles chunk by chunk and is exact at any input scale for every map (what
+``models.KernelAttention(causal=True)`` uses; ``implementation='auto'`` takes the Pallas
+causal kernel when lowered for cuda); ``materialized_causal_attention`` (same arguments)
+materialises the L×L weights with per-token shifts (the fastest on CPU for short L);
+``causal_linear_attention`` and ``materialized_causal_linear_attention`` take stored
+features and are causal when those are per-token (not ``features.attention_pair``'s,
+whose key shift is a max over all keys).
 
 Exact at any input scale: give ``linear_attention`` the features of
 ``features.attention_pair`` (every map shifted in log space, one shift per key
@@ -52,10 +55,13 @@ from coulomb_jax import pallas_attention
 from coulomb_jax.attention_core import (DEFAULT_EPS, PRECISIONS, causal_linear_attention,
                                         materialized_causal_linear_attention,
                                         check_fused_inputs, linear_attention)
+from coulomb_jax.attention_core import (
+    xla_materialized_causal_attention as materialized_causal_attention)
 
 __all__ = ['DEFAULT_EPS', 'IMPLEMENTATIONS', 'PRECISIONS', 'causal_linear_attention',
            'check_fused_inputs', 'fused_causal_linear_attention', 'fused_linear_attention',
-           'linear_attention', 'materialized_causal_linear_attention']
+           'linear_attention', 'materialized_causal_attention',
+           'materialized_causal_linear_attention']
 
 IMPLEMENTATIONS = ('auto', 'xla', 'pallas')
 """``fused_linear_attention``'s and ``fused_causal_linear_attention``'s paths."""

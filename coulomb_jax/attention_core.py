@@ -180,9 +180,11 @@ def materialized_causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v
   A_ij = φ(q_i)ᵀφ(k_j) for real keys j ≤ i (else 0), out_i = Σ_j A_ij v_j / max(Σ_j A_ij, eps).
   The same function as ``causal_linear_attention``; time O(L²·(F + D)) and memory O(L²)
   per head, all in matmuls: on CPU the fastest causal path for short sequences (L ≲ 512).
-  Exact where the features are (with ``features.attention_pair``'s joint shifts: unless a
-  query's whole prefix underflows against the shift taken over all keys, the caveat of
-  ``causal_linear_attention``); ``xla_fused_causal_linear_attention`` is exact at every scale.
+  Causal in the features it is given: with ``features.attention_pair``'s joint shifts
+  (a max over *all* keys, later ones included) a later token can move an earlier output,
+  so causal layers use ``xla_materialized_causal_attention`` (per-token shifts) or
+  ``xla_fused_causal_linear_attention`` instead; this function is for features that are
+  already per-token (e.g. ``features.get_feature_map(name)(x, ω)`` at moderate scales).
 
   Args: as ``linear_attention`` (``precision`` included).
   """
@@ -196,6 +198,66 @@ def materialized_causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v
   a = jnp.where(causal, ein('bihf,bjhf->bhij', q_feat, k_feat), 0.0)        # [B, H, L, L]
   num = ein('bhij,bjhd->bihd', a, v)
   den = jnp.sum(a, axis=-1).transpose(0, 2, 1)                                # [B, L, H]
+  return (num / jnp.maximum(den, eps)[..., None]).astype(out_dtype)
+
+
+def xla_materialized_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                                      omega: jax.Array, *, feature_map: str = 'favor',
+                                      key_mask: Optional[jax.Array] = None,
+                                      eps: float = DEFAULT_EPS, precision=None) -> jax.Array:
+  r"""Causal linear attention with the L×L weights materialised, per-token shifts: ``[B, L, H, D]``.
+
+  w_ij = ψ(q_i)ᵀψ(k_j) for real keys j ≤ i (else 0), out_i = Σ_j w_ij v_j / Σ_j w_ij, from
+  ℓ = log ψ (``features.attention_log_psi``) with shifts that each depend on one token:
+
+  * M_i = max_f ℓ(q_i)_f, c_j = max_f ℓ(k_j)_f, q̃_i = e^{ℓ(q_i) − M_i}, k̃_j = e^{ℓ(k_j) − c_j}
+    (every entry ≤ 1, at least one = 1);
+  * p_ij = q̃_iᵀk̃_j (one ``[L, L]`` matmul per head), log w_ij = M_i + c_j + log p_ij;
+  * out_i = Σ_{j≤i} e^{log w_ij − T_i} v_j / Σ_{j≤i} e^{log w_ij − T_i}, T_i = max_{j≤i} log w_ij.
+
+  Causal at any input scale: nothing that row i computes reads a token after i (no shift
+  is shared across positions), so its outputs are bit-identical whatever the later tokens
+  are. Exact wherever no p_ij of a query's prefix underflows (q_i's and k_j's largest
+  features more than ~87 nats apart in float32: very large inputs of favor-type maps);
+  ``xla_fused_causal_linear_attention`` is exact at every scale. Time O(L²·(F + D)),
+  memory O(L²) per head, all in matmuls: on CPU the fastest causal path for short
+  sequences. A query with no real key at or before it gets 0.
+
+  Args: as ``xla_fused_causal_linear_attention`` (q, k ``[B, L, H, d]``, v ``[B, L, H, D]``,
+  omega ``[H, M, d]``, key_mask ``[B, L]``, eps, ``precision``), without the chunk.
+  """
+  check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.KERNEL_ATTENTION_MAPS)
+  check_eps(eps)
+  ein = _einsum(precision)
+  b, length = q.shape[:2]
+  out_dtype = v.dtype
+  dtype = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)
+  q, k, v, omega = (a.astype(dtype) for a in (q, k, v, omega))
+  if key_mask is None:
+    key_mask = jnp.ones((b, length), bool)
+  keep = key_mask[:, :, None, None]
+  v = jnp.where(keep, v, 0.0)                              # padded values are never read
+  k = jnp.where(keep, k, 0.0)
+
+  def log_psi(x):                                         # [B, L, H, d] -> [B, L, H, F]
+    s = ein('blhd,hmd->blhm', x, omega)
+    return features.attention_log_psi(feature_map, s,
+                                      0.5 * jnp.sum(x * x, axis=-1, keepdims=True))
+
+  sg = jax.lax.stop_gradient
+  lq, lk = log_psi(q), log_psi(k)
+  mq = sg(jnp.max(lq, axis=-1))                            # [B, L, H]
+  ck = sg(jnp.max(lk, axis=-1))                            # [B, L, H]
+  p = ein('bihf,bjhf->bhij', jnp.exp(lq - mq[..., None]), jnp.exp(lk - ck[..., None]))
+  causal = jnp.tril(jnp.ones((length, length), bool))
+  seen = causal[None, None] & key_mask[:, None, None, :] & (p > 0)   # [B, H, L, L]
+  log_w = jnp.where(seen, jnp.log(jnp.where(seen, p, 1.0)) + jnp.moveaxis(ck, 1, 2)[:, :, None],
+                    -jnp.inf)                             # M_i dropped: it cancels
+  top = jnp.max(log_w, axis=-1, keepdims=True)
+  top = sg(jnp.where(jnp.isfinite(top), top, 0.0))
+  w = jnp.exp(log_w - top)                                # [B, H, L, L], 0 where unseen
+  num = ein('bhij,bjhd->bihd', w, v)
+  den = jnp.sum(w, axis=-1).transpose(0, 2, 1)            # [B, L, H]
   return (num / jnp.maximum(den, eps)[..., None]).astype(out_dtype)
 
 

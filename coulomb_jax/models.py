@@ -95,9 +95,9 @@ class KernelAttention(nn.Module):
       tokens: the ``[B, L, H, M]`` features are never stored (long sequences); same
       outputs and gradients up to rounding. With ``causal``: the causal chunk.
     causal_path: with ``causal``, ``'fused'`` (the default above) or ``'materialized'``:
-      ``attention.materialized_causal_linear_attention`` on ``features.attention_pair``'s
-      features, the L×L weights in matmuls (several times faster on CPU for short L; exact
-      unless a query's whole prefix underflows, see its docstring).
+      ``attention.materialized_causal_attention``, the L×L weights in matmuls with
+      per-token shifts (several times faster on CPU for short L; causal at any scale,
+      exact unless a query–key pair's features are ~87 nats apart, see its docstring).
   """
   num_heads: int
   feature_map: str = 'favor'
@@ -147,9 +147,8 @@ class KernelAttention(nn.Module):
     if self.causal_path not in CAUSAL_PATHS:
       raise ValueError(f'causal_path must be one of {CAUSAL_PATHS}, got {self.causal_path!r}.')
     if self.causal and self.causal_path == 'materialized':
-      pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, self.feature_map, mask)
-      q_feat, k_feat = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, particles)
-      out = attention.materialized_causal_linear_attention(q_feat, k_feat, v, mask)
+      out = attention.materialized_causal_attention(
+          q, k, v, particles, feature_map=self.feature_map, key_mask=mask)
     elif self.causal:
       out = attention.fused_causal_linear_attention(
           q, k, v, particles, feature_map=self.feature_map, key_mask=mask,

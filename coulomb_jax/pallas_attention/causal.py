@@ -5,12 +5,10 @@ the state S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j) of the chunks before in register
 (``_causal_kernel``); within a chunk a masked C × C product. Every map in log
 space, with each feature's running max over the prefix's keys and each query
 row's max (they cancel). Under differentiation the XLA path (``_causal_reference``:
-stored features, ``attention_core.causal_linear_attention``) runs instead.
+``attention_core.xla_fused_causal_linear_attention``) runs instead.
 """
 
-import contextlib
 import functools
-import math
 from typing import Optional
 
 import jax
@@ -26,24 +24,26 @@ from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS
 
 def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chunk,
                    block_f, num_chunks, num_feature_blocks, eps, precision):
-  """One (b, h): out_i = Σ_{j≤i} φ(q_i)·φ(k_j) v_j / Σ_{j≤i} φ(q_i)·φ(k_j), chunk by chunk.
+  """One (b, h): out_i = Σ_{j≤i} w_ij v_j / Σ_{j≤i} w_ij, w_ij = ψ(q_i)ᵀψ(k_j), chunk by chunk.
 
-  The running state S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j) of the chunks before is kept
-  in registers as one ``[F_b, D]`` block per feature block (a Python loop over
-  the blocks; softmaxfeat has two per particle block, for s and −s). Per chunk
-  of C rows: every block's log-features ℓ (``features.log_psi``; softmaxfeat:
-  [s, −s] minus each key row's log-sum-exp), each feature's running max m_f
-  over the real keys of the prefix (this chunk included), which rescales its row
-  of S and z, the queries' ℓ + m_f minus each query row's max (as
-  ``features.attention_pair``, with prefix maxima), then
-  out = (A v + φ(q) S) / (A 1 + φ(q)·z) with A = tril(φ(q) φ(k)ᵀ) inside the
-  chunk, and S, z updated. Every factor is common to a query's row, so the
-  ratio is exact at any input scale.
+  ℓ = log ψ per feature block (a Python loop over the blocks; softmaxfeat has two per
+  particle block, for s and −s, minus each key row's log-sum-exp). Per chunk of C rows:
+
+  * the earlier chunks, through the state S_f = Σ_j e^{ℓ(k_j)_f − m_f} v_j,
+    z_f = Σ_j e^{ℓ(k_j)_f − m_f}, m_f the running max over the *earlier* chunks' real
+    keys: query i reads them with a_if = ℓ(q_i)_f + m_f;
+  * inside the chunk, per-token shifts only: M_i = max_f ℓ(q_i)_f, c_j = max_f ℓ(k_j)_f,
+    p_ij = e^{ℓ(q_i) − M_i}·e^{ℓ(k_j) − c_j}, log w_ij = M_i + c_j + log p_ij (j ≤ i, real);
+  * one shift per query row, T_i = max(max_f a_if, max_j log w_ij), which cancels;
+  * then the chunk's keys enter the state, rescaled to the new running max.
+
+  No shift of row i depends on a key after i, so the kernel is causal at any input scale;
+  exact wherever no in-chunk p_ij underflows (``attention_core.xla_materialized_causal_attention``'s
+  caveat) — the state part is exact at any scale.
   """
-  n_f, m_total = num_feature_blocks, omega_ref.shape[0]
+  n_f = num_feature_blocks
   d_v = v_ref.shape[-1]
   softmax = name == 'softmaxfeat'
-  scale = 1.0 / math.sqrt(m_total)
   causal = jnp.arange(chunk)[:, None] >= jnp.arange(chunk)[None, :]
   omegas = [omega_ref[pl.ds(f * block_f, block_f), :] for f in range(n_f)]
   row_max = lambda blocks: functools.reduce(jnp.maximum, [jnp.max(b, axis=1) for b in blocks])
@@ -64,33 +64,38 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
     return [b - lse for b in blocks]
 
   def body(t, carry):
-    states, norms, m = carry             # width × [F_b, D], × [F_b], × [F_b] (running max)
+    states, norms, m = carry     # width × [F_b, D], × [F_b], × [F_b] (max over earlier chunks)
     rows = pl.ds(t * chunk, chunk)
     q, k, v = q_ref[rows, :], k_ref[rows, :], v_ref[rows, :]
     keep = mask_ref[rows] > 0                                       # [C]
+    v = jnp.where(keep[:, None], v, 0).astype(jnp.float32)
+    lq = log_features(q, False)
     lk = [jnp.where(keep[:, None], l, core.NEG) for l in log_features(k, True)]
+    # Inside the chunk: per-token shifts, log w_ij for real j ≤ i.
+    mq = row_max(lq)[:, None]                                       # [C, 1]
+    ck = row_max(lk)                                                # [C]
+    pq = [jnp.exp(l - mq) for l in lq]
+    pk = [jnp.where(keep[:, None], jnp.exp(l - ck[:, None]), 0.0) for l in lk]
+    p = sum(core.dot(a, b, trans_b=True, precision=precision) for a, b in zip(pq, pk))
+    seen = causal & keep[None, :] & (p > 0)                          # [C, C]
+    log_w = jnp.where(seen, jnp.log(jnp.where(seen, p, 1.0)) + mq + ck[None, :], core.NEG)
+    # The earlier chunks through the state: a_if = ℓ(q_i)_f + m_f.
+    started = [mf > 0.5 * core.NEG for mf in m]                     # a real key before
+    a = [jnp.where(st[None, :], l + mf[None, :], core.NEG) for l, mf, st in zip(lq, m, started)]
+    top = jnp.maximum(row_max(a), jnp.max(log_w, axis=1))[:, None]  # [C, 1]
+    w = jnp.where(seen, jnp.exp(log_w - top), 0.0)
+    wa = [jnp.where(st[None, :], jnp.exp(al - top), 0.0) for al, st in zip(a, started)]
+    num = core.dot(w, v, precision=precision) + sum(
+        core.dot(x, s, precision=precision) for x, s in zip(wa, states))
+    den = jnp.sum(w, axis=1) + sum(jnp.sum(x * z[None, :], axis=1) for x, z in zip(wa, norms))
+    o_ref[rows, :] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
+    # The chunk's real keys enter the state, rescaled to the new running max.
     m_new = [jnp.maximum(mf, jnp.max(l, axis=0)) for mf, l in zip(m, lk)]
     decay = [jnp.exp(mf - mn) for mf, mn in zip(m, m_new)]
-    states = [s * dc[:, None] for s, dc in zip(states, decay)]
-    norms = [z * dc for z, dc in zip(norms, decay)]
-    m_q = [jnp.where(mn > 0.5 * core.NEG, mn, 0.0) for mn in m_new]  # 0 before any real key
-    lq = [l + mq[None, :] for l, mq in zip(log_features(q, False), m_q)]
-    shift_q = row_max(lq)[:, None]
-    phi_q = [jnp.exp(l - shift_q) * scale for l in lq]
-    phi_k = [jnp.where(keep[:, None], jnp.exp(l - mn[None, :]) * scale, 0.0)
-             for l, mn in zip(lk, m_new)]
-    v = jnp.where(keep[:, None], v, 0).astype(jnp.float32)
-    a = sum(core.dot(pq, pk, trans_b=True, precision=precision)
-            for pq, pk in zip(phi_q, phi_k))                                   # [C, C]
-    a = jnp.where(causal, a, 0.0)
-    num = core.dot(a, v, precision=precision) + sum(
-        core.dot(pq, s, precision=precision) for pq, s in zip(phi_q, states))
-    den = jnp.sum(a, axis=1) + sum(jnp.sum(pq * z[None, :], axis=1)
-                                   for pq, z in zip(phi_q, norms))
-    o_ref[rows, :] = (num / jnp.maximum(den, eps)[:, None]).astype(o_ref.dtype)
-    states = [s + core.dot(pk, v, trans_a=True, precision=precision)
-              for s, pk in zip(states, phi_k)]
-    norms = [z + jnp.sum(pk, axis=0) for z, pk in zip(norms, phi_k)]
+    phi_k = [jnp.where(keep[:, None], jnp.exp(l - mn[None, :]), 0.0) for l, mn in zip(lk, m_new)]
+    states = [s * dc[:, None] + core.dot(pk_, v, trans_a=True, precision=precision)
+              for s, dc, pk_ in zip(states, decay, phi_k)]
+    norms = [z * dc + jnp.sum(pk_, axis=0) for z, dc, pk_ in zip(norms, decay, phi_k)]
     return states, norms, m_new
 
   width = 2 * n_f if softmax else n_f
@@ -101,22 +106,10 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
 
 
 def _causal_reference(q, k, v, omega, key_mask, *, name, eps, precision=None):
-  """The XLA path: per-head features stored, then ``causal_linear_attention``.
-
-  The features are ``features.attention_pair``'s (per key feature over all real
-  keys, and per query row: factors common to a query's row, which cancel as the
-  kernel's prefix maxima do). ``precision``: of every product, the features' included
-  (``features.attention_pair`` takes none: it is traced under
-  ``jax.default_matmul_precision``).
-  """
-  pair = lambda qh, kh, w: features.attention_pair(qh, kh, w, name, key_mask)
-  with contextlib.ExitStack() as stack:
-    if precision is not None:
-      stack.enter_context(jax.default_matmul_precision(precision.name.lower()))
-    qf, kf = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, omega)
-  return attention_core.causal_linear_attention(qf, kf, v, key_mask, eps=eps,
-                                                precision=precision)
-
+  """The XLA path that gives the kernel its gradients: ``xla_fused_causal_linear_attention``
+  (exact and causal at any input scale, for every map)."""
+  return attention_core.xla_fused_causal_linear_attention(
+      q, k, v, omega, feature_map=name, key_mask=key_mask, eps=eps, precision=precision)
 
 
 def _causal_forward(q, k, v, omega, key_mask, *, interpret, problem, **options):
@@ -172,17 +165,14 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                    num_stages: int = 2, precision=None) -> jax.Array:
   r"""Causal linear attention from one Pallas kernel, ``[B, L, H, D]``: out_i sees j ≤ i.
 
-  The result of ``attention.causal_linear_attention(φ(q), φ(k), v, key_mask)``
-  with φ the per-head map of ``omega`` (every map in log space: each feature's running
-  max over the keys of the prefix and each query row's max, which cancel), without storing the
+  Causal linear attention with φ the per-head map of ``omega``, without storing the
   ``[B, L, H, M]`` features: one program per (batch, head) walks the chunks of
   C tokens in order, carrying S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) of the chunks
-  before in registers (see ``_causal_kernel``). The key shifts are running
-  maxima up to the end of the current chunk, so a key later in a query's own chunk
-  can move that query's shifts: exact in real arithmetic (the shifts cancel), equal
-  up to float32 rounding in practice. The grid has only B·H programs,
+  before in registers (see ``_causal_kernel``). The state's shifts are running maxima
+  over the earlier chunks, the shifts inside a chunk are per token: no output reads a
+  later token, at any input scale. The grid has only B·H programs,
   so it suits many sequences or heads; the chunks are sequential by nature.
-  Under differentiation the XLA path (stored features, ``causal_linear_attention``)
+  Under differentiation the XLA path (``attention_core.xla_fused_causal_linear_attention``)
   runs forward and backward, as for ``pallas_linear_attention``.
 
   Args: as ``pallas_linear_attention`` (``interpret`` decided by the lowering platform,
@@ -190,9 +180,9 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   instead of the block and split sizes. Compiled, C, ``block_f`` and the head dims d and D
   must be powers of two ≥ 16 (``core.triton_problem``).
 
-  Not exact at large inputs for favor, porf_softplus and softmaxfeat: see
-  ``attention_core.causal_linear_attention``; ``attention.fused_causal_linear_attention``
-  (XLA) is exact for every map.
+  Exact wherever no query–key pair inside a chunk has features ~87 nats apart (very large
+  inputs of favor-type maps; see ``_causal_kernel``); ``attention.fused_causal_linear_attention``
+  (XLA) is exact for every map at every scale.
   """
   attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
   attention_core.check_eps(eps)
