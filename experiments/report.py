@@ -43,6 +43,13 @@ than its ``config.json`` is refused (``loading.check_config``). Two results for 
 variant, seed), or seeds of one variant trained with different settings, are
 refused rather than averaged.
 
+What cannot be right ends in one line naming the file or flag, before anything is
+written (``check_paths``, ``check_inputs``, ``loading``): a folder flag that names a file,
+a ``results.json`` without its ``test`` section or one of its metrics, a damaged
+``history.jsonl``, a predictions file with a probability that is not finite or not in
+[0, 1], a label other than 0/1, a row count other than the test split's
+(``loading.TEST_ROWS``) or other test labels than the dataset's other predictions.
+
   python -m experiments.report --from_summaries --out=results --docs=docs/results.md
 
 redraws the page and its paired figures from the ``<out>/<dataset>.json`` already
@@ -50,10 +57,11 @@ there, without the runs (once their folder is gone): the tables and their
 provenance stay those of the summaries, a second line names the redraw.
 """
 
-import json
 import os
 import sys
 from typing import Optional
+
+import numpy as np
 
 if __name__ == '__main__' and not __package__:
   # Launched as a file: make the repository root importable (as experiments/synthetic.py).
@@ -84,10 +92,11 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
   kept summary came from. ``train_subsets``: see ``load_runs``. Results are never replaced
   by fewer (``check_not_fewer``): with no finished run, or with fewer datasets, variants or
   seeds than the summaries in ``out_dir``, nothing is written unless ``allow_fewer``."""
-  meta = meta or provenance.run_metadata('experiments.report')
   tfidf_dir = os.path.join(out_dir, 'tfidf') if tfidf_dir is None else tfidf_dir
   docs_dir = os.path.dirname(docs_path)
   figures_dir = os.path.join(docs_dir, 'figures') if figures_dir is None else figures_dir
+  loading.check_folder('--runs', runs_dir, must_exist=True)
+  check_paths(out_dir, docs_path, figures_dir if draw else None, tfidf_dir, runs_out)
   analysis = pages.read_analysis(docs_path)          # fails before anything is written
   progress = progress_lib.Progress('report', total=0, unit='dataset')
   progress.say(f'reading the runs under {runs_dir} …')
@@ -102,20 +111,26 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
               or {d for d in loading.SPLIT_NAMES if tables.load_reference(tfidf_dir, d)})
   unknown = datasets - set(loading.SPLIT_NAMES)
   if unknown:
-    raise ValueError(f'datasets {sorted(unknown)}: expected ones of '
-                     f'{sorted(loading.SPLIT_NAMES)}.')
+    raise cli.ConfigError(f'--runs: datasets {sorted(unknown)} under {runs_dir!r}: expected '
+                          f'ones of {sorted(loading.SPLIT_NAMES)}.')
+  order = [d for d in loading.SPLIT_NAMES if d in datasets]
+  references = {d: os.path.join(tfidf_dir, loading.reference_predictions_file(
+      d, tables.dataset_rule(finished, d))) for d in order}
+  check_inputs(runs_dir, finished, references if draw else {})
+  meta = meta or provenance.run_metadata('experiments.report')   # after the checks: it starts jax
   progress.total = len(datasets)
   summaries, figures = {}, {}
-  for d in (d for d in loading.SPLIT_NAMES if d in datasets):
+  for d in order:                 # every table first: a refused one leaves no figure behind
     runs, rule = [r for r in finished if r['dataset'] == d], tables.dataset_rule(finished, d)
     summaries[d] = tables.dataset_summary(d, runs,
                                           [u for u in unfinished if u['dataset'] == d],
                                           tables.load_reference(tfidf_dir, d, rule), meta)
+  for d in order:
+    runs = [r for r in finished if r['dataset'] == d]
     if draw:
       progress.say(f'{d}: {len(runs)} runs; drawing the paired and reliability figures …')
-      drawn = pages.draw_figures(
-          summaries[d], runs, figures_dir, pages.figure_names(docs_path, d),
-          os.path.join(tfidf_dir, loading.reference_predictions_file(d, rule)))
+      drawn = pages.draw_figures(summaries[d], runs, figures_dir,
+                                 pages.figure_names(docs_path, d), references[d])
       figures[d] = {k: v and os.path.relpath(v, docs_dir or '.') for k, v in drawn.items()}
     progress.update(f'{d}: {len(runs)} runs, {len(summaries[d]["variants"])} variants')
   fresh = list(summaries)
@@ -123,8 +138,7 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
   for d in loading.SPLIT_NAMES if keep_others else ():
     path = os.path.join(out_dir, f'{d}.json')
     if d not in summaries and os.path.exists(path):
-      with open(path) as f:
-        summaries[d] = json.load(f)
+      summaries[d] = loading.read_json(path)
       kept.append(d)
       names = pages.figure_names(docs_path, d)
       figures[d] = {k: (os.path.relpath(os.path.join(figures_dir, v), docs_dir or '.')
@@ -144,6 +158,46 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
   return summaries
 
 
+def check_paths(out_dir: str, docs_path: str, figures_dir: Optional[str] = None,
+                tfidf_dir: Optional[str] = None, runs_out: Optional[str] = None) -> None:
+  """One ``cli.ConfigError`` naming the flag when a folder it names is a file (or lies
+  under one), or when ``--docs`` is a folder; None skips a check."""
+  if os.path.isdir(docs_path):
+    raise cli.ConfigError(f'--docs: {docs_path!r} is a folder, not a markdown file.')
+  for flag, path in (('--out', out_dir), ('--docs', os.path.dirname(docs_path) or None),
+                     ('--figures', figures_dir), ('--tfidf', tfidf_dir),
+                     ('--runs_out', runs_out)):
+    if path is not None:
+      loading.check_folder(flag, path)
+
+
+def check_inputs(runs_dir: str, finished, references: dict) -> None:
+  """What the tables and figures read, checked before anything is written: every metric
+  of ``loading.METRICS`` in each run's ``test`` section, and each predictions file (the
+  runs' and ``references``, ``{dataset: path}``, where it exists) through
+  ``loading.load_predictions`` (finite P(class 1) in [0, 1], labels 0/1, the test split's
+  row count), with the same test labels within a dataset. One ``cli.ConfigError`` naming
+  the file."""
+  first = {}
+  for r in finished:
+    missing = [k for k in loading.METRICS if k not in r['test']]
+    if missing:
+      raise cli.ConfigError(
+          f"{os.path.join(runs_dir, r['path'], loading.RESULTS)}: its 'test' section lacks "
+          f'{missing} (every metric of coulomb_jax.metrics.classification_metrics is a '
+          'column of the table).')
+  paths = [(r['dataset'], r['predictions']) for r in finished if r.get('predictions')]
+  paths += [(d, p) for d, p in references.items() if os.path.isfile(p)]
+  for dataset, path in paths:
+    labels, _ = loading.load_predictions(path, dataset)
+    if dataset not in first:
+      first[dataset] = (labels, path)
+    elif not np.array_equal(labels, first[dataset][0]):
+      raise cli.ConfigError(f'{path}: other test labels than {first[dataset][1]} (same '
+                            f'dataset {dataset}); the reliability diagrams pool predictions '
+                            'on one test split.')
+
+
 def redraw_from_summaries(out_dir: str, docs_path: str, *, figures_dir: Optional[str] = None,
                           meta: Optional[dict] = None) -> dict:
   """Rewrites ``docs_path`` and its paired-difference figures from the summaries
@@ -151,23 +205,23 @@ def redraw_from_summaries(out_dir: str, docs_path: str, *, figures_dir: Optional
   once their folder is gone). The tables and the Provenance line keep the summaries'
   command and commit; a second line names this redraw. Reliability diagrams need the
   runs' predictions, so a redrawn page has none. Returns ``{dataset: summary}``."""
-  meta = meta or provenance.run_metadata('experiments.report')
+  docs_dir = os.path.dirname(docs_path)
+  figures_dir = os.path.join(docs_dir, 'figures') if figures_dir is None else figures_dir
+  check_paths(out_dir, docs_path, figures_dir)
   analysis = pages.read_analysis(docs_path)          # fails before anything is written
   summaries = {}
   for d in loading.SPLIT_NAMES:
     path = os.path.join(out_dir, f'{d}.json')
     if os.path.exists(path):
-      with open(path) as f:
-        summaries[d] = json.load(f)
+      summaries[d] = loading.read_json(path)
   if not summaries:
-    raise ValueError(f'--out: {out_dir!r} holds no summary (<dataset>.json for a dataset of '
-                     f'{sorted(loading.SPLIT_NAMES)}) to redraw from.')
+    raise cli.ConfigError(f'--out: {out_dir!r} holds no summary (<dataset>.json for a dataset '
+                          f'of {sorted(loading.SPLIT_NAMES)}) to redraw from.')
   made = {(s['command'], s['commit'], s['date']) for s in summaries.values()}
   if len(made) > 1:
-    raise ValueError(f'--out: the summaries in {out_dir!r} come from {len(made)} different '
-                     f'report runs {sorted(made)}; one page names one.')
-  docs_dir = os.path.dirname(docs_path)
-  figures_dir = os.path.join(docs_dir, 'figures') if figures_dir is None else figures_dir
+    raise cli.ConfigError(f'--out: the summaries in {out_dir!r} come from {len(made)} '
+                          f'different report runs {sorted(made)}; one page names one.')
+  meta = meta or provenance.run_metadata('experiments.report')
   figures = {}
   for d, s in summaries.items():
     drawn = pages.draw_figures(s, [], figures_dir, pages.figure_names(docs_path, d))

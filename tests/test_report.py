@@ -304,7 +304,7 @@ def _write_predictions(root, dataset, variant, seed, labels, shift):
 def test_figures_are_drawn_and_embedded(tmp_path):
   root, out = str(tmp_path / 'grid'), str(tmp_path / 'results')
   docs = str(tmp_path / 'docs' / 'results.md')
-  labels = np.array([0, 1] * 20)
+  labels = np.array([0, 1] * 533)            # the 1,066 rows of the test split
   for seed in (0, 1):
     for variant, acc, shift in (('kernel-favor', 0.80, 0.3), ('vanilla-favor', 0.78, 0.2),
                                 ('ball-favor', 0.79, 0.25), ('softmax', 0.81, 0.35)):
@@ -341,7 +341,7 @@ def test_figures_are_drawn_and_embedded(tmp_path):
   assert list(panels) == ['favor']          # kernel-elu has no predictions
   assert set(panels['favor']) == {'kernel', 'vanilla', 'ball', 'softmax', 'reference'}
   y, p, n = panels['favor']['kernel']
-  assert n == 2 and len(y) == len(p) == 80  # two seeds pooled
+  assert n == 2 and len(y) == len(p) == 2 * 1066  # two seeds pooled
   assert pages.figure_names('docs/results_paper_length.md', 'sst2') == {
       'paired': 'results_paper_length_sst2_paired.png',
       'reliability': 'results_paper_length_sst2_reliability.png'}

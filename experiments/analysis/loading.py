@@ -8,10 +8,20 @@ are the ``predictions_test.npz`` of a run or of the TF-IDF row
 ``check_not_fewer``): a report does not replace summaries by ones of fewer runs. A run
 whose ``results.json`` names another config than its folder's ``config.json``
 (``check_config``) is refused.
+
+What cannot be right is refused before anything is written, in one ``cli.ConfigError``
+naming the file (or the flag) and what is wrong: a run folder whose ``results.json``
+lacks a section its readers index (``check_results``: ``dataset``, ``variant``,
+``seed``, ``test``; ``heldout`` in every Phase A stage) or whose ``history.jsonl`` is not
+JSON lines (``check_history``), a predictions file whose probabilities are not finite
+numbers in [0, 1], whose labels are not 0/1 or whose row count is not the test split's
+(``load_predictions`` with ``rows``, ``TEST_ROWS``), and a folder flag that names a file
+(``check_folder``).
 """
 
 import json
 import os
+from typing import Optional
 import zipfile
 
 import numpy as np
@@ -25,11 +35,14 @@ SPLIT_NAMES = {
     'qqp_subset': 'Quora 20k held-out (9,928): not GLUE QQP dev',
     'qqp': 'GLUE QQP dev (40,430)',
 }
+TEST_ROWS = {'sst2': 872, 'rotten_tomatoes': 1066, 'qqp_subset': 9928, 'qqp': 40430}
+"""Rows of each dataset's test split (the counts in ``SPLIT_NAMES``): one prediction each."""
 METRICS = ('accuracy', 'f1_micro', 'f1_macro', 'f1_weighted', 'roc_auc', 'pr_auc', 'mcc',
            'balanced_accuracy', 'log_loss', 'brier', 'ece')
 """The keys of ``coulomb_jax.metrics.classification_metrics``."""
 TIMES = ('train_seconds', 'phase_a_seconds', 'phase_b_seconds')
 RESULTS = 'results.json'
+HISTORY = 'history.jsonl'
 PREDICTIONS = 'predictions_test.npz'
 """Per-example test predictions of a run: ``labels`` [n] int 0/1, ``probs`` [n] P(class 1)."""
 
@@ -40,8 +53,7 @@ def load_runs(runs_dir: str, train_subsets: bool = False):
   Runs evaluated on a subset (``data.max_eval_examples``) are refused; so are runs trained
   on a subset (``data.max_train_examples``) unless ``train_subsets`` (a grid that trains
   every variant on the same fixed rows to fit a compute budget, said on the page)."""
-  if not os.path.isdir(runs_dir):
-    raise FileNotFoundError(f'--runs: {runs_dir!r} is not a folder.')
+  check_folder('--runs', runs_dir, must_exist=True)
   finished, unfinished = [], []
   for root, dirs, files in os.walk(runs_dir):
     dirs.sort()
@@ -50,32 +62,98 @@ def load_runs(runs_dir: str, train_subsets: bool = False):
       dirs[:] = []                             # a run folder: skip its checkpoints
     if RESULTS in files:
       r = read_json(os.path.join(root, RESULTS))
+      check_results(os.path.join(root, RESULTS), r)
       check_config(root, r)
+      if r.get('phase_a') is not None and HISTORY in files:
+        check_history(os.path.join(root, HISTORY))
       data_cfg = r.get('config', {}).get('data', {})
       if data_cfg.get('max_eval_examples') or (data_cfg.get('max_train_examples')
                                                 and not train_subsets):
-        raise ValueError(f'{os.path.join(root, RESULTS)} was trained or evaluated on a subset '
-                         f'(data.max_train_examples / max_eval_examples); the tables are for '
-                         f'full splits only: pass a --runs folder without smoke runs (or '
-                         f'--train_subsets for a grid trained on the same fixed training '
-                         f'rows throughout; evaluation is always on full splits).')
+        raise cli.ConfigError(
+            f'{os.path.join(root, RESULTS)} was trained or evaluated on a subset '
+            f'(data.max_train_examples / max_eval_examples); the tables are for full splits '
+            f'only: pass a --runs folder without smoke runs (or --train_subsets for a grid '
+            f'trained on the same fixed training rows throughout; evaluation is always on '
+            f'full splits).')
       predictions = os.path.join(root, PREDICTIONS)
       finished.append(dict(r, path=path,
                            predictions=predictions if PREDICTIONS in files else None))
     elif 'config.json' in files:
-      with open(os.path.join(root, 'config.json')) as f:
-        config = json.load(f)
+      config = read_json(os.path.join(root, 'config.json'))
       unfinished.append({'dataset': config['data']['task'], 'variant': config['variant'],
                          'seed': config['seed'], 'path': path})
   seen = {}
   for r in finished:
     key = (r['dataset'], r['variant'], r['seed'])
     if key in seen:
-      raise ValueError(f'two results for dataset={key[0]!r} variant={key[1]!r} seed={key[2]}: '
-                       f'{seen[key]} and {r["path"]} (under {runs_dir}); pass a --runs folder '
-                       f'holding one grid.')
+      raise cli.ConfigError(f'two results for dataset={key[0]!r} variant={key[1]!r} '
+                            f'seed={key[2]}: {seen[key]} and {r["path"]} (under {runs_dir}); '
+                            'pass a --runs folder holding one grid.')
     seen[key] = r['path']
   return finished, unfinished
+
+
+def check_results(path: str, results) -> None:
+  """One ``cli.ConfigError`` naming ``path`` (a ``results.json``) when it is not an object
+  with ``dataset``, ``variant``, ``seed`` and a ``test`` object (the test-split metrics),
+  or when a stage of its ``phase_a`` section has no ``heldout`` object (``experiments.train``
+  writes both; the reports index them)."""
+  if not isinstance(results, dict):
+    raise cli.ConfigError(f'{path}: not a results object (a JSON {type(results).__name__}).')
+  missing = [k for k in ('dataset', 'variant', 'seed', 'test') if k not in results]
+  if missing:
+    raise cli.ConfigError(f'{path}: no {", ".join(repr(k) for k in missing)} section '
+                          f'(a results.json of experiments.train has them); rerun the run or '
+                          f'remove its folder from the grid.')
+  if not isinstance(results['test'], dict):
+    raise cli.ConfigError(f"{path}: 'test' is a {type(results['test']).__name__}, not the "
+                          f'object of test-split metrics.')
+  phase_a = results.get('phase_a')
+  stages = phase_a.get('stages') if isinstance(phase_a, dict) else None
+  for i, stage in enumerate(stages or []):
+    if not isinstance(stage, dict) or not isinstance(stage.get('heldout'), dict):
+      raise cli.ConfigError(f"{path}: Phase A stage {i} (phase_a.stages[{i}]) has no 'heldout' "
+                            f'section (the held-out alignment each stage records); rerun the '
+                            f'run or remove its folder from the grid.')
+
+
+def check_history(path: str) -> None:
+  """One ``cli.ConfigError`` naming ``path`` and the line when a non-empty line of a
+  finished run's ``history.jsonl`` is not a JSON object, or a Phase A line (one with
+  ``phase_a_step``) has no ``heldout`` object."""
+  with open(path, encoding='utf-8', errors='replace') as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise cli.ConfigError(f'{path}:{number}: not valid JSON ({e.msg} at character '
+                              f'{e.pos + 1}); the run folder is damaged: restore the file or '
+                              'rerun the run.') from None
+      if not isinstance(record, dict):
+        raise cli.ConfigError(f'{path}:{number}: a JSON {type(record).__name__}, not a '
+                              'history record (an object).')
+      if 'phase_a_step' in record and not isinstance(record.get('heldout'), dict):
+        raise cli.ConfigError(f"{path}:{number}: a Phase A record (phase_a_step "
+                              f"{record['phase_a_step']}) without its 'heldout' section.")
+
+
+def check_folder(argument: str, path: str, must_exist: bool = False) -> None:
+  """One ``cli.ConfigError`` naming ``argument`` when ``path`` is a file, when a parent of
+  it that exists is a file (the folder cannot be made), or (``must_exist``) when it is not
+  there."""
+  if os.path.isdir(path):
+    return
+  if os.path.exists(path):
+    raise cli.ConfigError(f'{argument}: {path!r} is a file, not a folder.')
+  if must_exist:
+    raise cli.ConfigError(f'{argument}: {path!r} does not exist (expected a folder).')
+  parent = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise cli.ConfigError(f'{argument}: {path!r} cannot be a folder: {parent!r} is a file.')
 
 
 def check_config(run_dir: str, results: dict) -> None:
@@ -116,17 +194,57 @@ def save_predictions(path: str, labels, probs) -> None:
   os.replace(path + '.tmp', path)
 
 
-def load_predictions(path: str):
-  """``(labels, probs)`` of a ``predictions_test.npz``; a damaged file or one without
-  those arrays is one ``cli.ConfigError`` naming it."""
+def load_predictions(path: str, dataset: Optional[str] = None):
+  """``(labels [n] int64, probs [n] float64)`` of a ``predictions_test.npz``.
+
+  One ``cli.ConfigError`` naming the file for what cannot be right: a damaged file or
+  one without those arrays, arrays that are not [n] of one length, a probability that is
+  not finite or not in [0, 1], a label other than 0 and 1, or (``dataset`` given) n other
+  than its test split's ``TEST_ROWS[dataset]``."""
   try:
     with np.load(path, allow_pickle=False) as z:
-      return np.asarray(z['labels'], np.int64), np.asarray(z['probs'], np.float64)
+      labels, probs = np.asarray(z['labels']), np.asarray(z['probs'])
   except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
     if isinstance(e, FileNotFoundError):
       raise
     raise cli.ConfigError(f'{path}: not a readable predictions .npz with arrays labels and '
                           f'probs ({type(e).__name__}: {e}).') from None
+  problem = prediction_problem(labels, probs, dataset)
+  if problem:
+    raise cli.ConfigError(f'{path}: {problem}')
+  return labels.astype(np.int64), probs.astype(np.float64)
+
+
+def _first(bad, values) -> str:
+  i = int(np.flatnonzero(bad)[0])
+  return f'{int(bad.sum())} of {bad.size} rows, the first row {i}: {values[i]!r}'
+
+
+def prediction_problem(labels: np.ndarray, probs: np.ndarray,
+                       dataset: Optional[str] = None) -> Optional[str]:
+  """What is wrong with a predictions file's arrays, in words (None when nothing is):
+  ``labels`` and ``probs`` must be [n] arrays of one n (``TEST_ROWS[dataset]`` when
+  ``dataset`` is given), ``probs`` finite real numbers in [0, 1] and ``labels`` 0 or 1."""
+  if labels.ndim != 1 or labels.shape != probs.shape:
+    return (f'labels {labels.shape} and probs {probs.shape} are not [n] arrays of one '
+            'length n.')
+  if dataset is not None and len(labels) != TEST_ROWS[dataset]:
+    return (f'{len(labels)} rows, but the {dataset} test split ({SPLIT_NAMES[dataset]}) has '
+            f'{TEST_ROWS[dataset]}: predictions of another split or of a subset.')
+  for name, a in (('probs', probs), ('labels', labels)):
+    if a.dtype.kind not in 'biuf':
+      return f'{name} is of dtype {a.dtype}, not real numbers.'
+  p = probs.astype(np.float64)
+  bad = ~np.isfinite(p)
+  if bad.any():
+    return f'probs P(class 1) is not finite in {_first(bad, p.tolist())}.'
+  bad = (p < 0) | (p > 1)
+  if bad.any():
+    return f'probs P(class 1) is outside [0, 1] in {_first(bad, p.tolist())}.'
+  bad = (labels != 0) & (labels != 1)
+  if bad.any():
+    return f'labels is not 0 or 1 in {_first(bad, labels.tolist())}.'
+  return None
 
 
 # ----------------------------------------------------------------------------- never less

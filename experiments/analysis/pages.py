@@ -21,6 +21,7 @@ from experiments.analysis import loading
 from experiments.analysis import plots
 from experiments.analysis import run_files
 from experiments.analysis import tables
+from experiments.common import cli
 
 TITLES = {'sst2': 'SST-2', 'rotten_tomatoes': 'Rotten Tomatoes', 'qqp_subset': 'QQP subset (20k)',
           'qqp': 'QQP'}
@@ -51,8 +52,8 @@ def _pooled(paths, expected_labels):
     if expected_labels[0] is None:
       expected_labels[0] = (y, path)
     elif not np.array_equal(y, expected_labels[0][0]):
-      raise ValueError(f'{path} and {expected_labels[0][1]} hold different test labels; the '
-                       f'reliability diagrams compare predictions on one test split.')
+      raise cli.ConfigError(f'{path} and {expected_labels[0][1]} hold different test labels; '
+                            'the reliability diagrams compare predictions on one test split.')
     labels.append(y)
     probs.append(p)
   return np.concatenate(labels), np.concatenate(probs), len(paths)
@@ -243,8 +244,8 @@ def read_analysis(docs_path: str) -> str:
   if start < 0 and end < 0 and not old.strip():
     return default
   if start < 0 or end < start:
-    raise ValueError(f'{docs_path} exists but has no {ANALYSIS_START} … {ANALYSIS_END} block; '
-                     f'refusing to overwrite it (move it away or add the markers).')
+    raise cli.ConfigError(f'{docs_path} exists but has no {ANALYSIS_START} … {ANALYSIS_END} '
+                          'block; refusing to overwrite it (move it away or add the markers).')
   return old[start:end + len(ANALYSIS_END)]
 
 

@@ -10,7 +10,6 @@ Seeds of one variant trained with different settings, or variants of one table
 with different shared settings, are refused (``check_comparable``).
 """
 
-import json
 import os
 import re
 from typing import Optional
@@ -20,6 +19,7 @@ import numpy as np
 from configs import text
 from experiments.analysis import intervals
 from experiments.analysis import loading
+from experiments.common import cli
 from experiments.common import provenance
 
 PAIRED_METRICS = (('accuracy', 'accuracy'), ('mcc', 'MCC'), ('ece', 'ECE'), ('brier', 'Brier'))
@@ -40,8 +40,14 @@ def load_reference(tfidf_dir: Optional[str], dataset: str,
   path = tfidf_dir and os.path.join(tfidf_dir, loading.reference_file(dataset, validation_rule))
   if not path or not os.path.isfile(path):
     return None
-  with open(path) as f:
-    r = json.load(f)
+  r = loading.read_json(path)
+  missing = [k for k in ('test', 'train_seconds', 'variant', 'command', 'commit', 'date',
+                         'machine') if not isinstance(r, dict) or k not in r]
+  missing += [f'test.{k}' for k in loading.METRICS
+              if isinstance(r, dict) and isinstance(r.get('test'), dict) and k not in r['test']]
+  if missing:
+    raise cli.ConfigError(f'{path}: the TF-IDF row lacks {missing} (experiments.tfidf_baseline '
+                          'writes them); rerun it or pass another --tfidf.')
   metrics = {k: summarize([r['test'][k]]) for k in loading.METRICS}
   metrics['train_seconds'] = summarize([r['train_seconds']])
   return {'name': REFERENCE_NAME, 'variant': r['variant'],
@@ -70,8 +76,9 @@ def _check_same_settings(runs):
     a, b = _settings(first), _settings(r)
     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     if diff:
-      raise ValueError(f'{first["path"]} and {r["path"]} (same dataset and variant) were trained '
-                       f'with different settings: {diff[:5]}; their seeds cannot be averaged.')
+      raise cli.ConfigError(f'{first["path"]} and {r["path"]} (same dataset and variant) were '
+                            f'trained with different settings: {diff[:5]}; their seeds cannot '
+                            'be averaged.')
 
 
 # Fields a variant sets (configs/text.py): they may differ between the rows of a table.
@@ -107,8 +114,8 @@ def check_comparable(runs):
     for b in firsts[i + 1:]:
       diff = _shared_diff(a, b)
       if diff:
-        raise ValueError(f'{a["path"]} and {b["path"]} (same dataset) were trained with '
-                         f'different settings: {diff[:5]}; they cannot share a table.')
+        raise cli.ConfigError(f'{a["path"]} and {b["path"]} (same dataset) were trained with '
+                              f'different settings: {diff[:5]}; they cannot share a table.')
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -206,7 +213,7 @@ def run_commands(runs):
 
 def dataset_summary(dataset, runs, unfinished, reference, meta) -> dict:
   if dataset not in loading.SPLIT_NAMES:
-    raise ValueError(f'dataset {dataset!r}: expected one of {sorted(loading.SPLIT_NAMES)}.')
+    raise cli.ConfigError(f'dataset {dataset!r}: expected one of {sorted(loading.SPLIT_NAMES)}.')
   check_comparable(runs)
   limits = {_settings(r).get('data.max_train_examples') or 0 for r in runs}
   if limits - {0}:          # Trained on fewer rows than the TF-IDF row: not comparable.
@@ -214,9 +221,9 @@ def dataset_summary(dataset, runs, unfinished, reference, meta) -> dict:
   rules = {_settings(r).get('data.validation_rule') for r in runs}
   ref_rule = (reference or {}).get('validation_rule', 'rows')
   if reference is not None and rules and rules != {ref_rule}:
-    raise ValueError(f'{dataset}: the TF-IDF row held validation out by {ref_rule!r}, the runs '
-                     f'by {sorted(rules)}; pass --tfidf with a matching row '
-                     f'(experiments.tfidf_baseline --validation_rule).')
+    raise cli.ConfigError(f'{dataset}: the TF-IDF row held validation out by {ref_rule!r}, the '
+                          f'runs by {sorted(rules)}; pass --tfidf with a matching row '
+                          f'(experiments.tfidf_baseline --validation_rule).')
   return {
       'dataset': dataset, 'split': loading.SPLIT_NAMES[dataset], 'command': meta['command'],
       'commit': meta['commit'], 'date': meta['date'], 'machine': meta['machine'],
