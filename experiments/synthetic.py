@@ -32,7 +32,10 @@ finishes, so a killed run resumes where it stopped; at the end ``results.json``,
 (``python -m experiments.synthetic_report`` rebuilds them from the records).
 Progress lines (``experiments.common.progress``) name the cell and method, with
 elapsed time, rate and ETA; "compiling …" precedes each first call of a jitted
-function.
+function. The first line names the variant that ran (``describe_variant``): the
+``quick`` variant (``make run``) is a smoke run whose numbers are not results, said
+again when it ends. Every ± the tables print is defined under its table (a 95%
+Student-t interval over the n seeds, ``experiments.study.tables.interval_note``).
 """
 
 import json
@@ -51,6 +54,7 @@ from ml_collections import config_flags
 from coulomb_jax import _checks
 from coulomb_jax import repulsion
 from coulomb_jax import synthetic
+from experiments.analysis import loading
 from experiments.common import cli
 from experiments.common import progress as progress_lib
 from experiments.common import provenance
@@ -102,6 +106,31 @@ def check_config(config):
   _checks.check_nonnegative('config.langevin.tol', lcfg.tol)
 
 
+def describe_variant(config, variant=None) -> str:
+  """The study's first line: which variant of configs/synthetic.py runs (``variant``: the
+  name after ``:`` in --config, '' for none, None when not known) and its size; for a
+  smoke-sized config (``report.smoke_run``), that its numbers are not results."""
+  name = {None: 'this config', '': 'the default variant'}.get(variant, f"variant '{variant}'")
+  d, many = config.data, lambda n, what: f"{n} {what}{'s' * (n != 1)}"
+  size = (f'{many(config.num_seeds, "seed")}, {many(len(d.noise_levels), "noise level")}, '
+          f'N ∈ {list(config.features.budgets)}, '
+          f'λ ∈ {list(config.hamiltonian.lams)}, {config.langevin.num_epochs} Langevin epochs, '
+          f'{d.num_test} test points')
+  if config.report.smoke_run:
+    return (f'{name}: a smoke run ({size}) that checks the pipeline end to end; its numbers '
+            'are not results (the study is --config=configs/synthetic.py, no variant).')
+  return f'{name}: the study ({size}).'
+
+
+def config_variant(holder) -> str:
+  """The variant of a ``config_flags`` flag: ``configs/synthetic.py:quick`` → ``'quick'``,
+  ``configs/synthetic.py`` → ``''``."""
+  from experiments.run import train_flags  # pylint: disable=g-import-not-at-top
+  name = config_flags.get_config_filename(holder)
+  path = train_flags.config_file(holder)
+  return name[len(path) + 1:] if name != path else ''
+
+
 def _fingerprint(config):
   """The config fields that define the records (not the report's choices)."""
   fields = config.to_dict()
@@ -109,16 +138,19 @@ def _fingerprint(config):
   return fields
 
 
-def run_study(config, workdir):
+def run_study(config, workdir, variant=None):
   """Runs (or resumes) the study; returns the results dict written to results.json.
 
-  A bad config value, or a workdir holding records of another config, raises
-  ``cli.ConfigError`` before anything is computed or written.
+  A bad config value, a workdir that is a file (or under one), or a workdir holding
+  records of another config, raises ``cli.ConfigError`` before anything is computed or
+  written. ``variant``: the name of the config's variant, for the first line
+  (``describe_variant``).
   """
   try:
     check_config(config)
   except ValueError as e:
     raise cli.ConfigError(str(e)) from None
+  loading.check_folder('--workdir', workdir)
   meta = tables.run_metadata()
   config_path = os.path.join(workdir, 'config.json')
   if os.path.exists(config_path):
@@ -139,6 +171,7 @@ def run_study(config, workdir):
   # One line per run at most every 2 s; the compilations and cell summaries always print.
   progress = progress_lib.Progress('synthetic', total=len(cells) * len(runs), unit='run',
                                    done=len(done) * len(runs), every=2.0)
+  progress.say(describe_variant(config, variant))
   progress.say(f'{len(noise_levels)} noise levels × {config.num_seeds} seeds, {len(runs)} runs '
                f'each ({", ".join(config.methods)}): {progress.total} runs; workdir {workdir}, '
                f'config saved to {config_path}')
@@ -166,10 +199,14 @@ def run_study(config, workdir):
     record_file.append_cell(path, cell_records, noise_index, seed)
     records.extend(cell_records)
     progress.say(f'{where} done: {tables.cell_summary(cell_records)}')
-  progress.say('writing results.json, results.md and the figures …')
+  progress.say('writing results.json, the figures and results.md …')
   results = tables.write_report(config, records, workdir, meta)
+  banner = tables.smoke_label(config)
+  progress.say(f"the tables of {os.path.join(workdir, 'results.md')}"
+               + (f' ({banner})' if banner else '') + ':')
   print(results['markdown_summary'])
-  progress.say(f'done in {progress_lib.format_duration(progress.elapsed)}; results in {workdir}')
+  progress.say(f'done in {progress_lib.format_duration(progress.elapsed)}; results in {workdir}'
+               + (f' — {banner}' if banner else ''))
   return results
 
 
@@ -189,7 +226,7 @@ def main(argv):
   # The resolved config (defaults, the variant and every override), as a run sees it.
   print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in
                                  train_config.flat(flags.FLAGS.config).items()), flush=True)
-  run_study(flags.FLAGS.config, flags.FLAGS.workdir)
+  run_study(flags.FLAGS.config, flags.FLAGS.workdir, config_variant(flags.FLAGS['config']))
 
 
 if __name__ == '__main__':

@@ -39,8 +39,22 @@ def _tiny_config():
 
 def test_every_method_runs_and_report_is_written(tmp_path, capsys):
   config = _tiny_config()
-  results = synthetic.run_study(config, str(tmp_path))
+  results = synthetic.run_study(config, str(tmp_path), 'quick')
   out = capsys.readouterr().out
+  # It says which variant ran, that it is a smoke run, first and last.
+  lines = out.splitlines()
+  assert lines[0] == (
+      "[synthetic] variant 'quick': a smoke run (1 seed, 1 noise level, N ∈ [8, 16], "
+      'λ ∈ [0.0, 0.5], 2 Langevin epochs, 50 test points) that checks the pipeline end to '
+      'end; its numbers are not results (the study is --config=configs/synthetic.py, no '
+      'variant).')
+  assert lines[-1].startswith('[synthetic] done in ') and lines[-1].endswith(
+      f'results in {tmp_path} — quick variant: smoke run, 1 seed — not results')
+  # One seed: no ±, and the tables say why.
+  assert not [l for l in results['markdown_summary'].splitlines()
+              if l.startswith('|') and '±' in l]
+  assert results['markdown_summary'].count(
+      'No ±: one seed per cell (n = 1 seed), so no interval.') == 5
   # It says what it does: compilations, and progress lines with elapsed time, rate and ETA.
   assert '[synthetic] noise 1/1 (σ=0.1) seed 1/1: compiling the Langevin run (N=8 particles) …' in out
   assert 'compiling importance sampling (N=16, 64 candidates) …' in out
@@ -66,6 +80,10 @@ def test_every_method_runs_and_report_is_written(tmp_path, capsys):
     assert os.path.getsize(tmp_path / name) > 0, name
   md = (tmp_path / 'results.md').read_text()
   assert '**quick variant: smoke run, 1 seed — not results**' in md     # from :quick
+  # The figures, linked from results.md by paths relative to it.
+  for name, text in tables.FIGURE_TEXT.items():
+    assert f'![{text}]({name})' in md and os.path.isfile(tmp_path / name), name
+  assert [os.path.basename(p) for p in results['figures']] == list(tables.FIGURE_TEXT)
   assert all('commit' in r for r in results['records'])
   assert f"records from: {results['records'][0]['commit']}" in md
   for lab in ('logreg', 'rbf_svm', 'mkl', 'rff', 'importance', 'coulomb λ*', 'coulomb λ=0.5'):
@@ -193,3 +211,77 @@ def test_list_fields_and_the_resolved_config_are_printed(tmp_path):
   out = run(f'--config={config}:quick')
   assert out.returncode != 0 and out.stderr.strip().splitlines()[-1].endswith(
       '--workdir: required (the folder for records, results and figures).')
+
+
+def test_every_plus_minus_is_defined_with_its_n():
+  # t_{0.975, 1} = 12.706, t_{0.975, 4} = 2.776.
+  assert tables.interval_note([2, 2, 2]) == (
+      '± = half-width of the 95% Student-t interval of the mean over the seeds, '
+      't_{0.975, n−1} · s/√n with s the sample std (ddof = 1): n = 2 seeds per cell '
+      '(t_{0.975, 1} = 12.71).')
+  assert tables.interval_note([5, 1, 2], of='paired difference') == (
+      '± = half-width of the 95% Student-t interval of the paired difference over the seeds, '
+      't_{0.975, n−1} · s/√n with s the sample std (ddof = 1): n = 1–5 seeds per cell '
+      '(t_{0.975, 1} = 12.71, t_{0.975, 4} = 2.78); a cell of one seed has no ±.')
+  config = synthetic_config.get_config('quick')
+  records = [{'method': m, 'noise_index': i, 'seed': s, 'budget': n, 'lam': lam,
+              'val_accuracy': 0.6, 'test_accuracy': 0.6 + 0.01 * s, 'test_f1': 0.5,
+              'seconds': 0.1}
+             for i in range(3) for s in range(2) for n in (16, 64)
+             for m, lam in (('rff', None), ('importance', None), ('coulomb', 0.0),
+                            ('coulomb', 0.5))]
+  records += [{'method': m, 'noise_index': i, 'seed': s, 'val_accuracy': 0.6,
+               'test_accuracy': 0.6, 'test_f1': 0.5} for i in range(3) for s in range(2)
+              for m in tables.BASELINES]
+  md = tables.tables(config, tables.with_selected_lambda(records))
+  blocks = md.split('\n### ')[1:]
+  for block in blocks:            # every table with a ± has its definition under it
+    has = '±' in '\n'.join(l for l in block.splitlines() if l.startswith('|'))
+    assert has == ('\n± = half-width of the 95% Student-t interval' in block), block[:60]
+  assert sum('n = 2 seeds per cell (t_{0.975, 1} = 12.71)' in b for b in blocks) == 5
+
+
+def _history(w0, w1, lam_moves):
+  steps = 11
+  alignment = [0.01] + list(np.linspace(0.005, 0.015, steps - 1))
+  repulsion = [w0] + [w1] * (steps - 1)
+  return {'alignment': alignment, 'repulsion': repulsion,
+          'hamiltonian': [-a + 0.5 * w for a, w in zip(alignment, repulsion)],
+          'max_move': [lam_moves] + [0.05] * (steps - 1)}
+
+
+def test_the_energy_figure_says_why_h_drops_after_step_0():
+  config = synthetic_config.get_config('quick')      # p = 10: s = 8
+  hist = {'N=64,lam=0.5': _history(0.8, 0.006, 1.2),
+          'N=64,lam=0.0': dict(_history(0.8, 0.79, 0.057))}
+  title, caption = tables.energy_caption(config, hist, 'N=64,lam=0.5')
+  assert title == ('step 0 is the initial draw: H = 0.390, almost all λW = 0.400; the '
+                   'repulsion spreads the particles in one move\n(W 0.800 → 0.0060), after '
+                   'which H = −A + λW is the sum of two small terms: ≈ 0')
+  assert caption.startswith('Why H drops to ≈ 0 after step 0: step 0 is H at the initial '
+                            'draw (the RFF frequencies, before any move)')
+  for said in ('s = p − 2 = 8, ε = 0.5: W = 0.800, so H = −A + λW = 0.390 is almost all '
+               'λW = 0.400 (λ = 0.5, A = 0.010)',
+               'largest move 1.20, against a median 0.050 for the later moves; the λ = 0 run '
+               'from the same draw moves at most 0.057 in its first move and keeps W at 0.790',
+               'W falls to 0.0060', 'medians over the later steps: A = 0.010, λW = 0.0030',
+               'A 0.005 → 0.015, λW 0.0030 → 0.0030'):
+    assert said in caption, said
+  # No drop (λ = 0, or W not falling tenfold): nothing to explain.
+  for key in ('N=64,lam=0.0',):
+    title, caption = tables.energy_caption(config, hist, key)
+    assert title == '' and caption.startswith('H = −A + λW along one Langevin run (N=64,lam=0.0)')
+
+
+def test_the_variant_is_read_from_the_config_flag():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  path = os.path.join(ROOT, 'configs', 'synthetic.py')
+  for arg, variant in ((f'{path}:quick', 'quick'), (path, '')):
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file('config', None, 'config', flag_values=fv)
+    fv(['synthetic', f'--config={arg}'])
+    assert synthetic.config_variant(fv['config']) == variant
+  assert synthetic.describe_variant(synthetic_config.get_config(), '') == (
+      'the default variant: the study (5 seeds, 10 noise levels, N ∈ [16, 32, 64, 128, 256], '
+      'λ ∈ [0.0, 0.01, 0.05, 0.2, 0.5, 0.8, 1.0, 1.5], 50 Langevin epochs, 2000 test points).')
