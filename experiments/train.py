@@ -45,7 +45,11 @@ uninterrupted one, on any number of processes; an unreadable latest checkpoint
 is reported in one line and the previous one used; resuming with a different
 config, or from a checkpoint or ``phase_a_stages.json`` written by a run of
 another config (each carries the config's digest), is refused, and so is a
-checkpoint holding a non-finite parameter, before any step.
+checkpoint holding a non-finite parameter, before any step. Ctrl-C (SIGINT) or
+SIGTERM ends the run in one line on standard error: the step reached, the
+checkpoint kept (its step and folder) and the command that resumes it (the same
+one); exit status 130 or 143 (a checkpoint being saved is completed first). A
+finished run given again is not run again: one line names its ``results.json``.
 """
 # (The docstring is --help's text.) This module is the entry point and the run's
 # assembly: data, model, optimisers, stages, results. The pieces live in experiments/run/:
@@ -57,6 +61,7 @@ checkpoint holding a non-finite parameter, before any step.
 
 import json
 import os
+import signal
 import sys
 from typing import Optional
 
@@ -64,6 +69,12 @@ if __name__ == '__main__' and not __package__:
   # Launched as a file (python path/to/experiments/train.py): the repository root
   # must be importable for `experiments`, `configs` and (uninstalled) `coulomb_jax`.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == '__main__':
+  # Ctrl-C or SIGTERM during the imports (seconds): one line, no traceback (nothing is
+  # written before main); main's cli.stop_on_signals takes over for the run.
+  from experiments.common import cli as _cli  # pylint: disable=g-import-not-at-top
+  _cli.exit_on_signals()
 
 import jax
 import ml_collections
@@ -193,23 +204,71 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   with a checkpoint, as a preempted job would (for time-boxed sessions; tests
   use it to check that resuming changes nothing). The workdir's lock is released
   on return unless this process held it before the call.
+
+  A finished run (``RunFolder.finished``: its complete ``results.json``, of this
+  config, once ``preflight`` has passed) is not run again: one line on standard
+  output names its results.json, and they are returned as read. A ``KeyboardInterrupt``
+  (Ctrl-C; SIGTERM too under ``cli.stop_on_signals``) becomes ``cli.Stopped`` saying
+  the step reached and the checkpoint kept; a checkpoint being saved is completed
+  first (``cli.signals_deferred``), and no file is left half-written.
   """
-  meta = meta or provenance.run_metadata('experiments.train')
   with run_folder.RunFolder(workdir) as folder:
-    run, sessions = setup_run(config, folder, meta, stop_after_steps=stop_after_steps)
+    run = None
     try:
+      fingerprint = folder.preflight(config)
+      results = folder.finished(config)
+      if results is not None:
+        _report_finished(folder, results)
+        return results
+      meta = meta or provenance.run_metadata('experiments.train')
+      run, sessions = setup_run(config, folder, meta, stop_after_steps=stop_after_steps,
+                                fingerprint=fingerprint)
       for index in range(int(run.ckpt['stage']), len(run.stages)):
         if not run_stage(run, index) or (
             run.out_of_time() and index + 1 < len(run.stages)):
           return None
       return _finish(run, meta, sessions)
+    except KeyboardInterrupt as e:
+      signum = e.signum if isinstance(e, cli.Stopped) else signal.SIGINT
+      raise cli.Stopped(signum, stop_message(signum, folder, run)) from None
     finally:   # Stopped, failed or finished: an event file left open makes tensorboardX's
       # exit hook print a traceback on Python 3.12 ("can't create new thread at shutdown").
-      if run.writer is not None:
+      if run is not None and run.writer is not None:
         run.writer.close()
 
 
-def _open_folder(config, folder: run_folder.RunFolder, meta: dict):
+def _report_finished(folder: run_folder.RunFolder, results: dict) -> None:
+  """The one line of a rerun finished run (standard output)."""
+  accuracy = results['test'].get('accuracy')
+  score = f' (test accuracy {accuracy:.4f})' if isinstance(accuracy, float) else ''
+  print(f'{cli.program()}: this run is finished; its results are in '
+        f'{folder.file(run_folder.RESULTS)}{score}. Nothing was run again.', flush=True)
+
+
+def stop_message(signum: int, folder: run_folder.RunFolder,
+                 run: Optional[stages.Run]) -> str:
+  """What a stopped run says (``cli.Stopped``): the signal, the step reached (of how
+  many), and the checkpoint kept (its step and folder) or that there is none yet."""
+  name = signal.Signals(signum).name
+  if run is None:
+    where = 'while setting up, before its first step'
+  elif run.finished_training():
+    where = (f'after its last step ({run.global_step()}/{run.total_steps}), while scoring '
+             'the kept parameters')
+  else:
+    where = f'at step {run.steps_reached()}/{run.total_steps}'
+  kept = folder.kept_checkpoint()
+  if kept is None:
+    keep = 'no checkpoint yet (it starts again from step 0)'
+  elif kept[1] is None:
+    keep = f'the last checkpoint is kept in {kept[0]}'
+  else:
+    keep = f'the last checkpoint (step {kept[1]}) is kept in {kept[0]}'
+  return f'stopped by {name} {where}; {keep}'
+
+
+def _open_folder(config, folder: run_folder.RunFolder, meta: dict,
+                 fingerprint: Optional[dict] = None):
   """The folder's checks and first writes, then the data: ``(fingerprint, sessions,
   encoded, vocab_size)``.
 
@@ -217,9 +276,11 @@ def _open_folder(config, folder: run_folder.RunFolder, meta: dict):
   for this process (``folder.lock``; leaving a ``with folder:`` block releases it),
   ``config.json`` and ``fingerprint.json`` are written, this session is recorded, and
   the tokenizer and data are loaded (``load_data``); the fingerprint returned has the
-  tokenizer's digest.
+  tokenizer's digest. ``fingerprint``: what ``folder.preflight(config)`` returned, if
+  the caller has run it already.
   """
-  fingerprint = folder.preflight(config)
+  if fingerprint is None:
+    fingerprint = folder.preflight(config)
   folder.lock()
   _log_config(config, folder)
   folder.write_config_and_fingerprint(config, fingerprint)
@@ -253,7 +314,11 @@ def _restore(config, folder, target, sharder, num_stages):
     ckpt = folder.restore_prefix(config.run.prefix_from, target, sharder) or target
   ckpt = sharder.replicate(ckpt)
   folder.truncate_history(int(ckpt['step_a']) + int(ckpt['step_b']))
-  if int(ckpt['stage']) or int(ckpt['stage_step']) or int(ckpt['step_b']):
+  if int(ckpt['stage']) >= num_stages:
+    logging.info('Resumed from %s: training is finished (%d Phase A and %d Phase B steps); '
+                 'scoring the kept parameters.', folder.checkpoint_manager.directory,
+                 int(ckpt['step_a']), int(ckpt['step_b']))
+  elif int(ckpt['stage']) or int(ckpt['stage_step']) or int(ckpt['step_b']):
     logging.info('Resumed from %s: stage %d/%d, %d steps into it (%d Phase A and %d Phase B '
                  'steps done in all).', folder.checkpoint_manager.directory,
                  int(ckpt['stage']) + 1, num_stages, int(ckpt['stage_step']),
@@ -262,14 +327,16 @@ def _restore(config, folder, target, sharder, num_stages):
 
 
 def setup_run(config: ml_collections.ConfigDict, folder: run_folder.RunFolder, meta: dict, *,
-              stop_after_steps: Optional[int] = None):
+              stop_after_steps: Optional[int] = None, fingerprint: Optional[dict] = None):
   """Checks, data, model, optimisers and the restored state of a run: ``(stages.Run,
   sessions)``, ready for ``run_stage`` from ``run.ckpt['stage']`` on.
 
   ``folder``: the run folder (``_open_folder``: nothing is written before its preflight
-  has passed; then it is locked for this process).
+  has passed; then it is locked for this process). ``fingerprint``: preflight's, if the
+  caller has run it.
   """
-  fingerprint, sessions, encoded, vocab_size = _open_folder(config, folder, meta)
+  fingerprint, sessions, encoded, vocab_size = _open_folder(config, folder, meta,
+                                                            fingerprint)
   sharder = sharding.Sharder()
   model = make_model(config, vocab_size)
   a, b, d = config.phase_a, config.phase_b, config.data
@@ -308,6 +375,7 @@ def setup_run(config: ml_collections.ConfigDict, folder: run_folder.RunFolder, m
       save_prefix=lambda: folder.save_prefix(run.ckpt, sharder),
       progress=progress.Progress('train', total=total_a + spe_b * b.num_epochs, unit='step',
                                  done=done),
+      first_step=done, total_steps=total_a + spe_b * b.num_epochs,
       initial_particles=training.particle_leaves(params))
   return run, sessions
 
@@ -383,7 +451,8 @@ def main(argv, flag_values: Optional[flags.FlagValues] = None) -> None:
       raise cli.ConfigError(f'--jax_distributed: {" ".join(str(e).split())} (no cluster '
                             'detected? give --coordinator_address=HOST:PORT --num_processes=N '
                             '--process_id=I)') from None
-  train_and_evaluate(config, fv.workdir, stop_after_steps=fv.stop_after_steps)
+  with cli.stop_on_signals():   # SIGINT, SIGTERM: one line (cli.run), exit status 130, 143.
+    train_and_evaluate(config, fv.workdir, stop_after_steps=fv.stop_after_steps)
 
 
 if __name__ == '__main__':

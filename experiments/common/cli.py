@@ -14,13 +14,23 @@ and exit status 2. Inside ``main``, a ``ConfigError`` (a ``ValueError``; raise i
 for a bad config value found before any work starts), a ``StorageError`` (the disk
 refused a write, e.g. a checkpoint) and any ``OSError`` of a full disk (ENOSPC) end
 the same way. Every other exception keeps its traceback: it is a bug, not a typo.
+
+A run that can be stopped and resumed wraps its work in ``stop_on_signals()``:
+SIGINT (Ctrl-C) and SIGTERM then raise ``Stopped`` (a ``KeyboardInterrupt``) in
+the main thread, a write inside ``signals_deferred()`` (a checkpoint save) finishing
+first; the run turns it into ``Stopped(signum, what)`` (where it stopped, what is
+kept) and ``run`` prints that in one line with the command that resumes it
+(``command_line``), exit status 128 + the signal's number (130, 143).
 """
 
+import contextlib
 import errno
 import os
 import re
+import shlex
+import signal
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -32,6 +42,113 @@ class ConfigError(ValueError):
 
 class StorageError(OSError):
   """A write the disk refused (full, read-only, ...), with what was kept: one line."""
+
+
+class Stopped(KeyboardInterrupt):
+  """A run stopped by a signal: ``run`` prints ``<program>: <message>; to resume, run the
+  same command: <command_line()>`` and exits with ``exit_code`` (128 + ``signum``).
+
+  ``signum``: SIGINT or SIGTERM; ``message``: where the run stopped and what it kept (''
+  when raised by the signal itself, before the run says)."""
+
+  def __init__(self, signum: int = signal.SIGINT, message: str = ''):
+    super().__init__(message)
+    self.signum = int(signum)
+    self.message = message
+
+  @property
+  def signal_name(self) -> str:
+    return signal.Signals(self.signum).name
+
+  @property
+  def exit_code(self) -> int:
+    return 128 + self.signum
+
+
+# stop_on_signals' state: installed (nesting depth), deferring (signals_deferred depth),
+# the signal that came while deferring, and whether a stop has been raised already.
+_SIGNALS = {'installed': 0, 'deferring': 0, 'pending': None, 'stopping': False,
+            'entered': False}
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _on_signal(signum, frame):  # pylint: disable=unused-argument
+  if _SIGNALS['stopping'] or _SIGNALS['pending'] is not None:
+    return                        # Stopping already: the clean-up is not interrupted again.
+  if _SIGNALS['deferring']:
+    _SIGNALS['pending'] = signum  # Raised when the write in progress is complete.
+    return
+  _SIGNALS['stopping'] = True
+  raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+  """While open (main thread only), SIGINT and SIGTERM raise ``Stopped(signum)``, once:
+  later ones are ignored while the stop unwinds. Inside ``signals_deferred`` the signal
+  waits for the block's end. The previous handlers are put back on leaving."""
+  previous = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
+  if not _SIGNALS['installed']:
+    _SIGNALS.update(pending=None, stopping=False, entered=True)
+  _SIGNALS['installed'] += 1
+  try:
+    yield
+  finally:
+    _SIGNALS['installed'] -= 1
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+  """A block a stop must not cut in two (a checkpoint save): a SIGINT or SIGTERM caught
+  by ``stop_on_signals`` while it runs is raised as ``Stopped`` once it has completed
+  (if it raises, its own error goes on). Outside ``stop_on_signals``, nothing changes."""
+  _SIGNALS['deferring'] += 1
+  try:
+    yield
+  finally:
+    _SIGNALS['deferring'] -= 1
+  pending = _SIGNALS['pending']
+  if pending is not None and not _SIGNALS['deferring'] and not _SIGNALS['stopping']:
+    _SIGNALS.update(pending=None, stopping=True)
+    raise Stopped(pending)
+
+
+def exit_on_signals() -> None:
+  """For the top of a command's script, before its slow imports: until ``stop_on_signals``
+  takes over, SIGINT or SIGTERM ends the process at once (``SystemExit``, no traceback)
+  with status 128 + the signal's number, and, before the run has started, one line
+  saying that nothing was written. (Once the run has left ``stop_on_signals`` it has
+  said how it ended: the exit is silent.)"""
+  def handler(signum, frame):  # pylint: disable=unused-argument
+    if not _SIGNALS['entered']:
+      print(f'{program()}: stopped by {signal.Signals(signum).name} while starting, before '
+            f'the run wrote anything; to run it, run the same command again: '
+            f'{command_line()}', file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
+
+  for s in STOP_SIGNALS:
+    signal.signal(s, handler)
+
+
+def command_line(argv: Optional[Sequence[str]] = None) -> str:
+  """The command that started this process, to type again in the current folder: the
+  interpreter (relative to the current folder when inside it), ``-m <module>`` or the
+  script as given, then the arguments; shell-quoted."""
+  argv = list(sys.argv if argv is None else argv)
+  exe = sys.executable or 'python'
+  rel = os.path.relpath(exe) if os.path.isabs(exe) else exe
+  if not rel.startswith('..' + os.sep):
+    exe = rel if os.sep in rel else os.path.join('.', rel)
+  spec = getattr(sys.modules.get('__main__'), '__spec__', None)
+  head = ['-m', spec.name] if spec is not None and spec.name != '__main__' else argv[:1]
+  return shlex.join([exe] + head + argv[1:])
+
+
+def program() -> str:
+  """The name errors and reports begin with: the script's, without ``.py``."""
+  return os.path.splitext(os.path.basename(sys.argv[0] or 'experiment'))[0]
 
 
 _EXCEPTION_LINE = re.compile(r'^\s*(?:[\w.]+\.)?\w*(?:Error|Exception): (.*)$')
@@ -73,8 +190,7 @@ def fail(message: str, exit_now: bool = False) -> None:
   ``exit_now``: ``os._exit(2)`` instead of ``sys.exit(2)``, for a thread that must end
   the process while the main thread is blocked in native code.
   """
-  program = os.path.splitext(os.path.basename(sys.argv[0] or 'experiment'))[0]
-  print(f'{program}: error: {message}', file=sys.stderr, flush=True)
+  print(f'{program()}: error: {message}', file=sys.stderr, flush=True)
   if exit_now:
     os._exit(2)  # pylint: disable=protected-access
   sys.exit(2)
@@ -96,10 +212,16 @@ def parse_flags(argv: Sequence[str], config_flags: Sequence[str] = ('config',),
 
 
 def run(main: Callable[[list], object], config_flags: Sequence[str] = ('config',)) -> None:
-  """``absl.app.run(main)`` with one-line errors (module docstring); never returns."""
+  """``absl.app.run(main)`` with one-line errors and stops (module docstring); never
+  returns."""
   def checked_main(argv):
     try:
       return main(argv)
+    except Stopped as e:
+      message = e.message or f'stopped by {e.signal_name}'
+      print(f'{program()}: {message}; to resume, run the same command: {command_line()}',
+            file=sys.stderr, flush=True)
+      sys.exit(e.exit_code)
     except (ConfigError, StorageError) as e:
       fail(str(e))
     except OSError as e:

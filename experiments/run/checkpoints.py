@@ -226,18 +226,25 @@ def save(manager, ckpt, sharder=None):
 
   A failed save (a full disk, most often) is one ``cli.StorageError`` line naming the
   folder, the step and the cause, instead of orbax's tracebacks; the unfinished step's
-  temporary folder is removed and the earlier checkpoints stay as they were.
+  temporary folder is removed and the earlier checkpoints stay as they were. A SIGINT
+  or SIGTERM under ``cli.stop_on_signals`` waits for the save to complete
+  (``cli.signals_deferred``); a bare ``KeyboardInterrupt`` in the middle of it removes
+  the unfinished step, as a failure does. Returns the step saved (its folder's name).
   """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   step = int(ckpt['step_a']) + int(ckpt['step_b']) + int(ckpt['stage'])
   if jax.process_count() > 1:
     ckpt = (sharder or sharding.Sharder()).replicate(ckpt)
-  with _quiet_orbax():
+  with _quiet_orbax(), cli.signals_deferred():
     try:
       manager.save(step, args=ocp.args.StandardSave(ckpt), force=True)
       manager.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore raise many kinds)
       raise _save_failed(str(manager.directory), step, e) from None
+    except BaseException:   # KeyboardInterrupt: no half-written step is left behind.
+      _remove_unfinished(str(manager.directory), step)
+      raise
+  return step
 
 
 def checkpoint_bytes(ckpt) -> int:
@@ -275,13 +282,19 @@ def _error_chain(error: BaseException) -> str:
   return ' | '.join(' '.join(t.split()) for t in texts)
 
 
-def _save_failed(directory: str, step, error: BaseException) -> 'cli.StorageError':
-  """The one-line error of a failed save of checkpoint ``step`` (an int) or of the folder
-  ``step`` (a name: ``prefix``) in ``directory``; removes its unfinished temporary folder."""
+def _remove_unfinished(directory: str, step) -> None:
+  """Removes the temporary folder of an unfinished save of ``step`` in ``directory``
+  (orbax's ``<step>.orbax-checkpoint-tmp-…``; process 0)."""
   if jax.process_index() == 0 and os.path.isdir(directory):
     for name in os.listdir(directory):
       if name.startswith(f'{step}.') and 'tmp' in name:
         shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def _save_failed(directory: str, step, error: BaseException) -> 'cli.StorageError':
+  """The one-line error of a failed save of checkpoint ``step`` (an int) or of the folder
+  ``step`` (a name: ``prefix``) in ``directory``; removes its unfinished temporary folder."""
+  _remove_unfinished(directory, step)
   if isinstance(step, str):
     what, last = f'{step}/', 'the checkpoints in checkpoints/ are kept'
   else:
@@ -415,12 +428,15 @@ def save_prefix(workdir, ckpt, sharder=None):
     if jax.process_count() > 1:
       ckpt = (sharder or sharding.Sharder()).replicate(ckpt)
     checkpointer = ocp.StandardCheckpointer()
-    with _quiet_orbax():
+    with _quiet_orbax(), cli.signals_deferred():
       try:
         checkpointer.save(path, ckpt)
         checkpointer.wait_until_finished()
       except Exception as e:  # pylint: disable=broad-except  (as in save)
         raise _save_failed(os.path.dirname(path), PREFIX, e) from None
+      except BaseException:   # KeyboardInterrupt (as in save)
+        _remove_unfinished(os.path.dirname(path), PREFIX)
+        raise
 
 
 def restore_prefix(source, target, sharder=None, source_digest=None):

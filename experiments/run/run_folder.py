@@ -120,7 +120,8 @@ class RunFolder:
     written last.
 
   Life of a run (``experiments/train.py``): ``preflight`` (reads and checks, writes
-  nothing); ``lock``; ``write_config_and_fingerprint``; ``record_session``; the
+  nothing); ``finished`` (the results of a finished run, read back: nothing more is
+  done); ``lock``; ``write_config_and_fingerprint``; ``record_session``; the
   tokenizer (``tokenizer``, ``with_tokenizer``); ``restore`` (or ``restore_prefix``)
   and ``truncate_history`` to the restored step; while training ``save``,
   ``append_history`` and ``open_writer``'s scalars; at the end ``write_predictions``
@@ -133,6 +134,7 @@ class RunFolder:
       raise ValueError(f'workdir: expected a folder path, got {workdir!r}.')
     self.path = os.fspath(workdir)
     self._release_on_exit = []
+    self._kept = None        # (step folder, global step) of the newest checkpoint known
 
   def __repr__(self):
     return f'RunFolder({self.path!r})'
@@ -248,6 +250,29 @@ class RunFolder:
       run_identity.check_prefix_source(config, current)
     return expected
 
+  def finished(self, config: ml_collections.ConfigDict) -> Optional[dict]:
+    """``results.json`` if this folder holds the finished run of ``config``, else None.
+
+    Call it after ``preflight`` (which has refused a results.json of another config, by
+    its ``config_sha256``, and a folder whose data changed). It is the run's when
+    ``run_identity.finished_run_difference`` finds no difference, and complete when it
+    has the validation and test metrics; one that is not (written by hand, cut short)
+    is reported in a warning line and the kept parameters are scored again.
+    """
+    path = self.file(RESULTS)
+    if not os.path.isfile(path):
+      return None
+    if run_identity.finished_run_difference(self.path, config) is not None:
+      return None                       # preflight names the difference
+    results = read_json(path)
+    missing = [k for k in ('validation', 'test')
+               if not isinstance(results, dict) or not isinstance(results.get(k), dict)]
+    if missing:
+      logging.warning('%s has no %s metrics: scoring the kept parameters again.', path,
+                      ' or '.join(missing))
+      return None
+    return results
+
   def check_stages(self, digest: str) -> None:
     """``phase_a_stages.json`` must be of the run of config digest ``digest``
     (``run_identity.check_stages``: one line naming both digests and the file)."""
@@ -300,7 +325,8 @@ class RunFolder:
     tok = None
     if self.chief:
       tok = data.train_tokenizer(train_texts, vocab_size)
-      data.save_tokenizer(tok, path)
+      with cli.signals_deferred():          # A stop leaves no temporary file behind.
+        data.save_tokenizer(tok, path)
     sharding.sync('tokenizer: written')
     return tok if tok is not None else data.load_tokenizer(path)
 
@@ -395,7 +421,9 @@ class RunFolder:
     if self.chief and checkpoints.CONFIG_LEAF in ckpt:
       run_identity.stamp_stages(self.file(STAGES), checkpoints.leaf_hex(
           ckpt[checkpoints.CONFIG_LEAF]))
-    checkpoints.save(self.checkpoint_manager, ckpt, sharder)
+    with cli.signals_deferred():   # A stop during the save is raised once it is recorded.
+      step = checkpoints.save(self.checkpoint_manager, ckpt, sharder)
+      self._kept = (self._step_folder(step), int(ckpt['step_a']) + int(ckpt['step_b']))
 
   def restore(self, target, sharder=None):
     """The newest readable checkpoint, or ``target`` if none (``checkpoints.restore``);
@@ -403,7 +431,25 @@ class RunFolder:
     legacy = None
     if self.exists(CONFIG):
       legacy = (self.file(CONFIG), run_identity.config_digest(read_json(self.file(CONFIG))))
-    return checkpoints.restore(self.checkpoint_manager, target, sharder, legacy)
+    ckpt = checkpoints.restore(self.checkpoint_manager, target, sharder, legacy)
+    if ckpt is not target:
+      done = int(ckpt['step_a']) + int(ckpt['step_b'])
+      self._kept = (self._step_folder(done + int(ckpt['stage'])), done)
+    return ckpt
+
+  def _step_folder(self, step: int) -> str:
+    return os.path.join(self.path, checkpoints.CHECKPOINTS, str(step))
+
+  def kept_checkpoint(self):
+    """``(folder, step)`` of the newest complete checkpoint: the one this process saved
+    or restored last (``step``: the training steps it holds), else the newest step
+    folder on disk (``step`` None: not read); None if there is none."""
+    if self._kept is not None and os.path.isdir(self._kept[0]):
+      return self._kept
+    directory = os.path.join(self.path, checkpoints.CHECKPOINTS)
+    steps = sorted(int(n) for n in (os.listdir(directory) if os.path.isdir(directory) else [])
+                   if n.isdigit())
+    return (self._step_folder(steps[-1]), None) if steps else None
 
   def latest_checkpoint(self):
     """The newest checkpoint as saved, without a target (a finished run's ``best_params``)."""

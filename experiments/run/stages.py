@@ -75,6 +75,8 @@ class Run:
   save_prefix: Optional[Callable[[], None]] = None
   progress: Any = None          # experiments.common.progress.Progress over all the run's steps
   steps_this_call: int = 0
+  first_step: int = 0           # the global step this call started from (restored)
+  total_steps: Optional[int] = None   # Phase A (at most) and Phase B steps of the run
   # The particles of the run's fresh init ({attention module path: [H, M, D_h]}), before
   # any Phase A: the seed fixes them, and Phase B never moves them (``ball_control``).
   initial_particles: Optional[dict] = None
@@ -88,7 +90,16 @@ class Run:
     return self.stop_after_steps is not None and self.steps_this_call >= self.stop_after_steps
 
   def global_step(self) -> int:
+    """The global step of ``ckpt`` (as last saved or restored)."""
     return int(self.ckpt['step_a']) + int(self.ckpt['step_b'])
+
+  def steps_reached(self) -> int:
+    """The global step this call has reached (steps taken, saved or not)."""
+    return self.first_step + self.steps_this_call
+
+  def finished_training(self) -> bool:
+    """Whether every stage is done (what is left: scoring the kept parameters)."""
+    return int(self.ckpt['stage']) >= len(self.stages)
 
   def progress_line(self, done: int) -> str:
     """``done/total steps, elapsed, rate, ETA`` of the whole run (Phase A and B steps)."""

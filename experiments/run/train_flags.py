@@ -6,7 +6,8 @@ overridable), ``--workdir``, ``--list_fields``, ``--stop_after_steps`` and the
 ``cli.ConfigError``. ``describe_fields`` is what ``--list_fields`` prints: every
 field with its value and the comment above it in the config files
 (``field_comments``). ``init_distributed`` starts ``jax.distributed`` (gloo for
-CPU collectives); ``QuietOrbax`` keeps orbax's per-save INFO lines out of the log.
+CPU collectives); ``QuietOrbax`` keeps orbax's per-save INFO lines (and jax's about
+backends it did not find) out of the log.
 """
 
 import logging as std_logging
@@ -165,7 +166,13 @@ def describe_fields(config: ml_collections.ConfigDict, comments: dict) -> str:
 
 
 class QuietOrbax(std_logging.Filter):
-  """Drops orbax's per-save INFO lines; warnings and errors still pass."""
+  """Drops orbax's per-save INFO lines, and jax's INFO line about each accelerator backend
+  it did not find ("Unable to initialize backend 'tpu'", on every machine without one);
+  warnings and errors still pass."""
 
   def filter(self, record):
-    return record.levelno >= std_logging.WARNING or '/orbax/' not in record.pathname
+    if record.levelno >= std_logging.WARNING:
+      return True
+    if record.pathname.endswith('xla_bridge.py'):
+      return not str(record.msg).startswith('Unable to initialize backend')
+    return '/orbax/' not in record.pathname
