@@ -19,18 +19,26 @@ through 800 steps. V = 272 is the smallest vocabulary > 256 (the longest L) near
 
 import ml_collections
 
-from experiments.recall.methods import METHODS
+# The recall methods (experiments/recall/methods.py METHODS; a config imports no
+# experiment code, so run.check_config validates the name).
+VARIANT_PARTS = ('quick', 'zoology')
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
-  """The run config; ``variant``: a method name and/or ``quick``, comma-separated."""
+  """The run config; ``variant``: a method name, ``zoology`` and/or ``quick``, comma-separated.
+
+  ``zoology``: issue 36's protocol, Zoology's data and optimiser scaled to this CPU
+  (vocabulary 8,192, a fixed set of 100k training sequences in shuffled epochs, cosine
+  schedule, early stop at 0.99 validation accuracy, the particles' λ and β set relative
+  to the measured forces).
+  """
   parts = [p for p in variant.split(',') if p]
   config = ml_collections.ConfigDict()
   # PRNG seed of the run: model init fold_in 0, training batches fold_in 1, evaluation
   # batch fold_in 2, Langevin noise fold_in 3.
   config.seed = 0
-  # Attention of every block, one of METHODS (see experiments/recall/run.py for what
-  # each means and how its features are counted).
+  # Attention of every block, one of experiments.recall.methods.METHODS (what each means
+  # and how its features and state are counted is in that module).
   config.method = 'softmax'
 
   config.data = ml_collections.ConfigDict()
@@ -42,8 +50,14 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.data.num_pairs = 4
   # Zoology's power-law exponent a of the query gaps (small: queries close to the context).
   config.data.power_a = 0.01
-  # Sequences in the evaluation batch (drawn once, never trained on).
+  # Sequences in the test batch (drawn once from its own key, never trained on).
   config.data.num_eval = 1024
+  # Training set: 0 draws a fresh batch every step (num_train = steps·batch); N > 0 draws
+  # N sequences once and iterates them in shuffled epochs (Zoology: 100,000).
+  config.data.train_examples = 0
+  # Sequences in the validation batch (its own key): early stopping and, in a grid, the
+  # choice of the learning rate; never the test batch.
+  config.data.num_valid = 1024
 
   config.model = ml_collections.ConfigDict()
   # Model width E (divisible by num_heads).
@@ -68,9 +82,16 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.train.steps = 1200
   # Sequences per step.
   config.train.batch_size = 64
-  # AdamW learning rate (constant) and weight decay, for everything but Langevin particles.
+  # AdamW learning rate and weight decay, for everything but Langevin particles (maps
+  # trained by the task, e.g. hedgehog's W, included, as Zoology's AdamW does).
   config.train.learning_rate = 1e-3
   config.train.weight_decay = 0.1
+  # 'constant' or 'cosine' (from learning_rate to 0 over train.steps: Zoology's schedule).
+  config.train.schedule = 'constant'
+  # Stop once the validation accuracy reaches this (0: never; Zoology: 0.99), checked
+  # every eval_every steps.
+  config.train.early_stop = 0.0
+  config.train.eval_every = 500
   # Steps between checkpoints (atomic; a killed run resumes from the last one).
   config.train.checkpoint_every = 100
   # Steps between progress lines.
@@ -88,7 +109,13 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # Global-norm clip of the force before the step.
   config.particles.clip_norm = 10.0
   # Repulsion weight λ and Riesz exponent ('coulomb': s = D_h − 2) with its softening.
+  # relative_lam > 0 replaces lam: λ set at step 0 so that the median particle's repulsion
+  # force is relative_lam × its median target force (langevin_diagnostics.relative_lam).
   config.particles.lam = 1e-3
+  config.particles.relative_lam = 0.0
+  # drift_to_noise > 0 replaces beta: β set at step 0 so that the median particle's drift
+  # η·N·‖clip(∇H)‖ is drift_to_noise × the RMS noise norm √(2η/β)·√D_h.
+  config.particles.drift_to_noise = 0.0
   config.particles.riesz_s = 'coulomb'
   config.particles.softening = 0.5
   # Data term: 'cross_entropy' (Hedgehog's loss), 'kl' or 'alignment'.
@@ -96,14 +123,25 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # Sequences of the batch the force is computed on.
   config.particles.rows = 8
 
-  for part in parts:
-    if part in METHODS:
-      config.method = part
+  # The protocol first, the smoke sizes last, whatever the order written.
+  for part in sorted(parts, key=lambda p: {'zoology': 0, 'quick': 2}.get(p, 1)):
+    if part == 'zoology':
+      config.data.vocab_size = 8192
+      config.data.train_examples = 100_000
+      config.train.schedule = 'cosine'
+      config.train.early_stop = 0.99
+      config.train.steps = 3000
+      config.train.eval_every = 250
+      config.particles.step_size = 3e-3
+      config.particles.relative_lam = 0.1
+      config.particles.drift_to_noise = 1.0
     elif part == 'quick':
       config.data.seq_len = 16
       config.data.vocab_size = 32
       config.data.num_pairs = 2
       config.data.num_eval = 16
+      config.data.num_valid = 16
+      config.data.train_examples = min(config.data.train_examples, 64)
       config.model.width = 16
       config.model.num_layers = 1
       config.model.num_features = 8
@@ -112,6 +150,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
       config.train.batch_size = 4
       config.train.checkpoint_every = 2
       config.train.log_every = 2
+      config.train.eval_every = 2
+    elif part.isidentifier():
+      config.method = part            # checked by experiments.recall.run.check_config
     else:
-      raise ValueError(f'variant: unknown part {part!r}; known: {list(METHODS)} and quick.')
+      raise ValueError(f'variant: unknown part {part!r}; a method name or {VARIANT_PARTS}.')
   return config

@@ -390,6 +390,28 @@ def porf_softplus(x: jax.Array, omega: jax.Array) -> jax.Array:
   return jax.nn.softplus(s - _half_sq_norm(x)) / math.sqrt(omega.shape[0])
 
 
+def taylor(x: jax.Array, omega: jax.Array) -> jax.Array:
+  r"""Based's second-order Taylor features (Arora et al. 2024), ``[..., 1 + N + N²]``.
+
+  With s = x Ωᵀ ``[..., N]`` (Ω: N projection rows, N = Based's feature dimension d'),
+  φ(x) = [1, s / N^{1/4}, vec(s sᵀ) / (√2·√N)], so
+
+  .. math:: ⟨φ(x), φ(y)⟩ = 1 + u + u²/2,\quad u = s(x)ᵀs(y)/√N,
+
+  the second-order expansion of exp(u), which is ≥ 1/2 for every u: a positive kernel
+  from signed features (the attention denominator never vanishes). Not separable in the
+  particles (s sᵀ couples them), not positive entrywise, so it has no log-space form:
+  attention takes its features as they are (``models.KernelAttention`` stores them; at
+  moderate inputs, as in Based, nothing under- or overflows). Unlike the other maps φ is
+  not scaled by 1/√N: the kernel is the Taylor polynomial itself.
+  """
+  _, s = _projection(x, omega)
+  n = omega.shape[0]
+  second = (s[..., :, None] * s[..., None, :]).reshape(s.shape[:-1] + (n * n,))
+  return jnp.concatenate([jnp.ones(s.shape[:-1] + (1,), s.dtype), s / n ** 0.25,
+                          second / (math.sqrt(2.0) * math.sqrt(n))], axis=-1)
+
+
 FEATURE_MAPS = {
     'rff': rff,
     'favor': favor,
@@ -400,9 +422,11 @@ FEATURE_MAPS = {
     'softmaxfeat': softmaxfeat,
     'porf_softplus': porf_softplus,
     'hedgehog': hedgehog,
+    'taylor': taylor,
 }
 """Name → feature map. ``rff`` is the synthetic study's map, ``hedgehog`` the
-softmax-mimicry baseline; the other seven are the paper's positive attention maps."""
+softmax-mimicry baseline, ``taylor`` Based's polynomial map; the other seven are the
+paper's positive attention maps."""
 
 ATTENTION_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2',
                           'softmaxfeat', 'porf_softplus')
@@ -414,7 +438,11 @@ fused and causal XLA paths): the paper's seven and ``hedgehog``. The Pallas kern
 take ``pallas_attention.PALLAS_FEATURE_MAPS`` (not ``hedgehog``; ``'auto'`` then uses
 the XLA path)."""
 
-_SEPARABLE = frozenset(FEATURE_MAPS) - {'softmaxfeat'}
+SIGNED_ATTENTION_MAPS = ('taylor',)
+"""Maps with signed features but a positive kernel, which ``models.KernelAttention`` takes
+as stored features (no log-space form, so not the fused or Pallas paths)."""
+
+_SEPARABLE = frozenset(FEATURE_MAPS) - {'softmaxfeat', 'taylor'}
 
 
 _TWO_PER_PARTICLE = frozenset({'rff', 'softmaxfeat', 'hedgehog'})
@@ -422,8 +450,11 @@ _TWO_PER_PARTICLE = frozenset({'rff', 'softmaxfeat', 'hedgehog'})
 
 def num_features(name: str, num_particles: int) -> int:
   """F, the length of φ(x), for ``num_particles`` particles of the map ``name``: 2N for
-  ``rff``, ``softmaxfeat`` and ``hedgehog`` ([·(s), ·(−s)] or [cos s, sin s]), N otherwise."""
+  ``rff``, ``softmaxfeat`` and ``hedgehog`` ([·(s), ·(−s)] or [cos s, sin s]), 1 + N + N²
+  for ``taylor``, N otherwise."""
   get_feature_map(name)
+  if name == 'taylor':
+    return 1 + num_particles + num_particles ** 2
   return 2 * num_particles if name in _TWO_PER_PARTICLE else num_particles
 
 

@@ -68,13 +68,19 @@ class CausalLM(nn.Module):
     num_layers: number of blocks.
     num_heads: H.
     attention: ``'softmax'`` or ``'kernel'``.
-    feature_map: for ``'kernel'``, a name in ``features.KERNEL_ATTENTION_MAPS``.
-    num_features: for ``'kernel'``, M particles per head.
+    feature_map: for ``'kernel'``, a name in ``features.KERNEL_ATTENTION_MAPS`` or
+      ``features.SIGNED_ATTENTION_MAPS`` (``taylor``).
+    num_features: for ``'kernel'``, M particles per head (φ has
+      ``features.num_features(feature_map, M)`` entries).
     mlp_ratio: MLP hidden width = ``mlp_ratio · width``; 0 = attention-only blocks.
     orthogonal: for ``'kernel'``, draw the initial particles block-orthogonally per head
       (FAVOR+'s orthogonal random features).
     chunk_size: for ``'kernel'``, the causal chunk of ``KernelAttention`` (None: its default).
     causal_path: for ``'kernel'``, ``KernelAttention.causal_path`` (``'fused'``|``'materialized'``).
+    identity_init: for ``'kernel'``, start the particles at the identity rows (Hedgehog).
+
+  ``positions: [B, P]`` int (optional): the head is applied only at these positions and
+  the logits are ``[B, P, V]`` (a large vocabulary costs only where the loss reads it).
   """
   vocab_size: int
   max_len: int
@@ -88,6 +94,7 @@ class CausalLM(nn.Module):
   orthogonal: bool = False
   chunk_size: Optional[int] = None
   causal_path: str = 'fused'
+  identity_init: bool = False
 
   def check(self, length: int) -> None:
     """The fields and the input length; one ``ValueError`` naming the culprit."""
@@ -96,9 +103,9 @@ class CausalLM(nn.Module):
     _checks.check_int('mlp_ratio', self.mlp_ratio, 0)
     if self.attention not in LM_ATTENTIONS:
       raise ValueError(f'attention must be one of {LM_ATTENTIONS}, got {self.attention!r}.')
-    if self.attention == 'kernel' and self.feature_map not in features.KERNEL_ATTENTION_MAPS:
-      raise ValueError(f'feature_map must be one of {features.KERNEL_ATTENTION_MAPS}, '
-                       f'got {self.feature_map!r}.')
+    maps = features.KERNEL_ATTENTION_MAPS + features.SIGNED_ATTENTION_MAPS
+    if self.attention == 'kernel' and self.feature_map not in maps:
+      raise ValueError(f'feature_map must be one of {maps}, got {self.feature_map!r}.')
     if self.width % self.num_heads:
       raise ValueError(f'width must be divisible by num_heads={self.num_heads}, '
                        f'got {self.width}.')
@@ -112,10 +119,12 @@ class CausalLM(nn.Module):
     return functools.partial(models.KernelAttention, num_heads=self.num_heads,
                              feature_map=self.feature_map, num_features=self.num_features,
                              qk_mode='projected', causal=True, orthogonal=self.orthogonal,
-                             chunk_size=self.chunk_size, causal_path=self.causal_path)
+                             chunk_size=self.chunk_size, causal_path=self.causal_path,
+                             identity_init=self.identity_init)
 
   @nn.compact
-  def __call__(self, tokens: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+  def __call__(self, tokens: jax.Array, mask: Optional[jax.Array] = None,
+               positions: Optional[jax.Array] = None) -> jax.Array:
     if tokens.ndim != 2:
       raise ValueError(f'tokens must have shape [B, L], got {tuple(tokens.shape)}.')
     self.check(tokens.shape[1])
@@ -128,7 +137,20 @@ class CausalLM(nn.Module):
     for i in range(self.num_layers):
       x = Block(factory, self.mlp_ratio * self.width, name=f'block_{i}')(x, mask)
     x = nn.LayerNorm(name='ln_final')(x)
+    if positions is not None:
+      x = jnp.take_along_axis(x, positions[..., None], axis=1)          # [B, P, E]
     return nn.Dense(self.vocab_size, name='head')(x)
+
+
+def answer_positions(answer_mask: jax.Array, num_answers: int) -> jax.Array:
+  """``[B, num_answers]`` int32: the first ``num_answers`` True positions of each row.
+
+  For MQAR every row has exactly P answers, so ``num_answers = P`` keeps them all (in
+  order); a row with fewer gets False positions after its answers (their mask entries
+  are False, so they count nowhere).
+  """
+  order = jnp.argsort(jnp.logical_not(answer_mask), axis=1, stable=True)
+  return order[:, :num_answers].astype(jnp.int32)
 
 
 def mqar_loss_and_accuracy(logits: jax.Array, targets: jax.Array, answer_mask: jax.Array):
@@ -157,45 +179,88 @@ class MimicrySettings(NamedTuple):
   sequences (``stop_gradient``: the force does not reach W_q, W_k). D compares the linear
   attention rows with the softmax rows over *all* keys of a sequence: a kernel-fidelity
   target (causality changes which keys a row sums over, not the kernel).
+  ``with_task_gradient``: the particle leaves get the task gradient *plus* this force
+  (Hedgehog's distillation beside the task loss, trained by the particles' optimizer);
+  False: the force alone (Phase A interleaved with training).
   """
   lam: float = 0.0
   riesz_s: repulsion.Exponent = 'coulomb'
   softening: float = repulsion.DEFAULT_SOFTENING
   target: str = 'cross_entropy'
   rows: int = 8
+  with_task_gradient: bool = False
 
 
 def make_state(key: jax.Array, model: CausalLM, seq_len: int, *, learning_rate: float = 1e-3,
                weight_decay: float = 0.1,
-               particle_tx: Optional[optax.GradientTransformation] = None
-               ) -> train_state.TrainState:
+               particle_tx: Optional[optax.GradientTransformation] = None,
+               decay_steps: Optional[int] = None) -> train_state.TrainState:
   """Initialised params and an adamw ``TrainState``.
 
   ``particle_tx``: None trains every parameter, particles included, with adamw; else the
   ``particles`` leaves get ``particle_tx`` (``optax.set_to_zero()`` freezes them,
   ``langevin.langevin_transform(...)`` moves them by projected Langevin) and the rest adamw.
+  ``decay_steps``: None keeps ``learning_rate`` constant; else it follows a cosine from
+  ``learning_rate`` to 0 over that many steps (Zoology's schedule; constant 0 after).
   """
   _checks.check_positive('learning_rate', learning_rate)
   _checks.check_nonnegative('weight_decay', weight_decay)
   params = jax.jit(model.init)(key, jnp.zeros((1, seq_len), jnp.int32))['params']
-  tx = optax.adamw(learning_rate, weight_decay=weight_decay)
+  rate = learning_rate
+  if decay_steps is not None:
+    rate = optax.cosine_decay_schedule(learning_rate, _checks.check_int('decay_steps',
+                                                                       decay_steps, 1))
+  tx = optax.adamw(rate, weight_decay=weight_decay)
   if particle_tx is not None and training.has_particles(params):
     tx = optax.partition({training.PARTICLES: particle_tx, 'rest': tx}, training.partition_labels)
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
-def _metrics(params, apply_fn, batch):
-  logits = apply_fn({'params': params}, batch.inputs)
-  loss, acc = mqar_loss_and_accuracy(logits, batch.targets, batch.answer_mask)
-  return loss, acc
+def _answers(batch, num_answers: Optional[int]):
+  """``(positions or None, targets, answer_mask)`` at the answer positions (all if None)."""
+  if num_answers is None:
+    return None, batch.targets, batch.answer_mask
+  pos = answer_positions(batch.answer_mask, num_answers)
+  take = lambda a: jnp.take_along_axis(a, pos, axis=1)
+  return pos, take(batch.targets), take(batch.answer_mask)
 
 
-def _metrics_and_inputs(params, apply_fn, batch):
-  logits, state = apply_fn({'params': params}, batch.inputs, mutable=['intermediates'])
-  loss, acc = mqar_loss_and_accuracy(logits, batch.targets, batch.answer_mask)
+def _metrics(params, apply_fn, batch, num_answers=None):
+  pos, targets, mask = _answers(batch, num_answers)
+  logits = apply_fn({'params': params}, batch.inputs, None, pos)
+  return mqar_loss_and_accuracy(logits, targets, mask)
+
+
+def _metrics_and_inputs(params, apply_fn, batch, num_answers=None):
+  pos, targets, mask = _answers(batch, num_answers)
+  logits, state = apply_fn({'params': params}, batch.inputs, None, pos,
+                           mutable=['intermediates'])
+  loss, acc = mqar_loss_and_accuracy(logits, targets, mask)
   flat = traverse_util.flatten_dict(state.get('intermediates', {}))
   inputs = {k[:-1]: v[0] for k, v in flat.items() if k[-1] == 'mimicry_inputs'}
   return loss, (acc, inputs)
+
+
+def mimicry_force_terms(params, inputs, settings: MimicrySettings, feature_map: str):
+  """``({path: ∇_Ω D}, {path: ∇_Ω W_s})``, each ``[H, M, D_h]``: the target's and the
+  (unweighted) repulsion's force on every attention module's particles.
+
+  ``inputs``: ``{path: (q, k)}``, each ``[B, L, H, D_h]``, as sown by ``KernelAttention``;
+  the force of ``mimicry_forces`` is ∇D + λ·∇W_s. For the calibration of λ and β
+  (``langevin_diagnostics.relative_lam``, ``drift_to_noise``) and the force ratio.
+  """
+  flat = traverse_util.flatten_dict(params)
+  terms = functools.partial(mimicry_lib.mimicry_hamiltonian, feature_map=feature_map,
+                            s=settings.riesz_s, softening=settings.softening,
+                            target=settings.target)
+  data, rep = {}, {}
+  for path, (q, k) in inputs.items():
+    q, k = (jax.lax.stop_gradient(jnp.moveaxis(x[:settings.rows], 2, 0)) for x in (q, k))
+    omega = flat[path + (training.PARTICLES,)]
+    data[path] = jax.vmap(jax.grad(lambda w, q, k: terms(w, q, k, lam=0.0)))(omega, q, k)
+    rep[path] = jax.vmap(jax.grad(lambda w: repulsion.riesz_energy(
+        w, s=settings.riesz_s, softening=settings.softening)))(omega)
+  return data, rep
 
 
 def mimicry_forces(params, inputs, settings: MimicrySettings, feature_map: str):
@@ -218,28 +283,45 @@ def mimicry_forces(params, inputs, settings: MimicrySettings, feature_map: str):
   return forces
 
 
-@functools.partial(jax.jit, static_argnames=('mimicry', 'feature_map'))
+@functools.partial(jax.jit, static_argnames=('mimicry', 'feature_map', 'num_answers'))
 def train_step(state: train_state.TrainState, batch,
-               mimicry: Optional[MimicrySettings] = None, feature_map: str = 'favor'):
+               mimicry: Optional[MimicrySettings] = None, feature_map: str = 'favor',
+               num_answers: Optional[int] = None):
   """One optimizer step on an ``mqar.MQARBatch`` → ``(state, {'loss', 'accuracy'})``.
 
   ``mimicry`` None: every leaf gets its task gradient. Else the particle leaves get
-  ``mimicry_forces`` (of ``feature_map``) instead, and ``state``'s particle transformation
-  (e.g. Langevin) moves them with it. Both are static (hashable) arguments.
+  ``mimicry_forces`` (of ``feature_map``) instead (or, with ``mimicry.with_task_gradient``,
+  added to their task gradient), and ``state``'s particle transformation (e.g. Langevin)
+  moves them with it. ``num_answers`` (P for MQAR): the head runs only at the first P
+  answer positions of each row (``answer_positions``), the same loss and accuracy at a
+  fraction of the cost of ``[B, L, V]`` logits; None: at every position. All three are
+  static (hashable) arguments.
   """
   if mimicry is None:
     grad_fn = jax.value_and_grad(_metrics, has_aux=True)
-    (loss, acc), grads = grad_fn(state.params, state.apply_fn, batch)
+    (loss, acc), grads = grad_fn(state.params, state.apply_fn, batch, num_answers)
   else:
     grad_fn = jax.value_and_grad(_metrics_and_inputs, has_aux=True)
-    (loss, (acc, inputs)), grads = grad_fn(state.params, state.apply_fn, batch)
+    (loss, (acc, inputs)), grads = grad_fn(state.params, state.apply_fn, batch, num_answers)
     flat = traverse_util.flatten_dict(grads)
     for path, force in mimicry_forces(state.params, inputs, mimicry, feature_map).items():
-      flat[path + (training.PARTICLES,)] = force
+      leaf = path + (training.PARTICLES,)
+      flat[leaf] = flat[leaf] + force if mimicry.with_task_gradient else force
     grads = traverse_util.unflatten_dict(flat)
   return state.apply_gradients(grads=grads), {'loss': loss, 'accuracy': acc}
-@functools.partial(jax.jit, static_argnames='model')
-def evaluate(params, batch, model: CausalLM):
-  """``{'loss', 'accuracy'}`` of ``model`` with ``params`` on an ``MQARBatch`` (answers only)."""
-  loss, acc = _metrics(params, model.apply, batch)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'settings', 'feature_map', 'num_answers'))
+def force_terms(params, batch, model: CausalLM, settings: MimicrySettings, feature_map: str,
+                num_answers: Optional[int] = None):
+  """``mimicry_force_terms`` on one batch: ``model``'s own queries and keys, sown."""
+  _, (_, inputs) = _metrics_and_inputs(params, model.apply, batch, num_answers)
+  return mimicry_force_terms(params, inputs, settings, feature_map)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'num_answers'))
+def evaluate(params, batch, model: CausalLM, num_answers: Optional[int] = None):
+  """``{'loss', 'accuracy'}`` of ``model`` with ``params`` on an ``MQARBatch`` (answers only;
+  ``num_answers`` as in ``train_step``)."""
+  loss, acc = _metrics(params, model.apply, batch, num_answers)
   return {'loss': loss, 'accuracy': acc}

@@ -61,13 +61,20 @@ def masked_mean(x: jax.Array, mask: Optional[jax.Array], axis: int = 1) -> jax.A
   return (total / count).astype(x.dtype)
 
 
-def init_particles(key, shape, dtype=jnp.float32, *, orthogonal=False, radius=None):
-  """``[H, M, D_h]`` particles: N(0, I) rows, or block-orthogonal ones per head.
+def init_particles(key, shape, dtype=jnp.float32, *, orthogonal=False, radius=None,
+                   identity=False):
+  """``[H, M, D_h]`` particles: N(0, I) rows, block-orthogonal ones per head, or the identity.
 
-  ``radius``: if set, each row is projected onto the ball ‖ω‖ ≤ radius (the
-  control that separates Phase A's projection from its dynamics).
+  ``identity``: every head's rows are those of I_{D_h} (M ≤ D_h: the first M; M > D_h:
+  I repeated), Hedgehog's initialisation of its map W (Zhang et al. 2024). ``radius``: if
+  set, each row is projected onto the ball ‖ω‖ ≤ radius (the control that separates
+  Phase A's projection from its dynamics).
   """
   heads, num, dim = shape
+  if identity:
+    rows = jnp.tile(jnp.eye(dim, dtype=dtype), (-(-num // dim), 1))[:num]
+    omega = jnp.broadcast_to(rows, shape)
+    return omega if radius is None else langevin.project_to_ball(omega, radius)
   sample = features.sample_orthogonal if orthogonal else features.sample_gaussian
   keys = jax.random.split(key, heads)
   omega = jax.vmap(lambda k: sample(k, num, dim, dtype))(keys)
@@ -82,11 +89,14 @@ class KernelAttention(nn.Module):
   Attributes:
     num_heads: H; the input width must be divisible by it (D_h = width / H).
     feature_map: a name in ``features.KERNEL_ATTENTION_MAPS``: the paper's seven maps or
-      ``hedgehog`` (not ``rff``: attention needs non-negative features). ``hedgehog``
-      and ``softmaxfeat`` give 2M features from M particles.
+      ``hedgehog`` (not ``rff``: attention needs non-negative features), or ``taylor``
+      (``features.SIGNED_ATTENTION_MAPS``: Based's signed features of a positive kernel,
+      stored, on the materialised and chunked paths). ``hedgehog`` and ``softmaxfeat``
+      give 2M features from M particles, ``taylor`` 1 + M + M².
     num_features: M particles per head.
     qk_mode: ``"shared"`` (Q = K = x, no W_q/W_k) or ``"projected"``.
     orthogonal: draw the initial particles with ``features.sample_orthogonal``.
+    identity_init: start every head's particles at the identity rows (Hedgehog's W).
     init_radius: project the initial particles onto the ball of this radius.
     causal: token i attends to tokens j ≤ i only, through
       ``attention.fused_causal_linear_attention`` (exact at any input scale for every
@@ -108,6 +118,7 @@ class KernelAttention(nn.Module):
   chunk_size: Optional[int] = None
   init_radius: Optional[float] = None
   causal_path: str = 'fused'
+  identity_init: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
@@ -117,9 +128,9 @@ class KernelAttention(nn.Module):
     if self.feature_map == 'rff':
       raise ValueError("feature_map: 'rff' is not non-negative; use an attention map "
                        f'{features.KERNEL_ATTENTION_MAPS}.')
-    if self.feature_map not in features.KERNEL_ATTENTION_MAPS:
-      raise ValueError(f'feature_map must be one of {features.KERNEL_ATTENTION_MAPS}, got '
-                       f'{self.feature_map!r}.')
+    maps = features.KERNEL_ATTENTION_MAPS + features.SIGNED_ATTENTION_MAPS
+    if self.feature_map not in maps:
+      raise ValueError(f'feature_map must be one of {maps}, got {self.feature_map!r}.')
     b, length, width = x.shape
     check_mask(mask, (b, length))
     if width % self.num_heads:
@@ -127,7 +138,7 @@ class KernelAttention(nn.Module):
     head_dim = width // self.num_heads
     particles = self.param(
         'particles', functools.partial(init_particles, orthogonal=self.orthogonal,
-                                       radius=self.init_radius),
+                                       radius=self.init_radius, identity=self.identity_init),
         (self.num_heads, self.num_features, head_dim))
     dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, head_dim))
     if self.qk_mode == 'shared':
@@ -146,7 +157,9 @@ class KernelAttention(nn.Module):
     self.sow('intermediates', 'phase_a_inputs', masked_mean(k, mask, axis=1))
     if self.causal_path not in CAUSAL_PATHS:
       raise ValueError(f'causal_path must be one of {CAUSAL_PATHS}, got {self.causal_path!r}.')
-    if self.causal and self.causal_path == 'materialized':
+    if self.feature_map in features.SIGNED_ATTENTION_MAPS:
+      out = self._signed_attention(q, k, v, particles, mask)
+    elif self.causal and self.causal_path == 'materialized':
       out = attention.materialized_causal_attention(
           q, k, v, particles, feature_map=self.feature_map, key_mask=mask)
     elif self.causal:
@@ -164,6 +177,22 @@ class KernelAttention(nn.Module):
       q_feat, k_feat = jax.vmap(pair, in_axes=(2, 2, 0), out_axes=2)(q, k, particles)
       out = attention.linear_attention(q_feat, k_feat, v, mask)
     return nn.DenseGeneral(width, axis=(-2, -1), name='out')(out)
+
+  def _signed_attention(self, q, k, v, particles, mask):
+    """A signed map (``taylor``): per-token features, stored, then linear attention.
+
+    Per-token features are causal as they are; the kernel is positive, so the denominator
+    needs no shift.
+    """
+    fn = features.get_feature_map(self.feature_map)
+    per_head = lambda x: jax.vmap(fn, in_axes=(2, 0), out_axes=2)(x, particles)
+    q_feat, k_feat = per_head(q), per_head(k)
+    if not self.causal:
+      return attention.linear_attention(q_feat, k_feat, v, mask)
+    if self.causal_path == 'materialized':
+      return attention.materialized_causal_linear_attention(q_feat, k_feat, v, mask)
+    return attention.causal_linear_attention(
+        q_feat, k_feat, v, mask, chunk_size=16 if self.chunk_size is None else self.chunk_size)
 
 
 class LinformerAttention(nn.Module):

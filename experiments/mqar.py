@@ -22,6 +22,7 @@ its figure and table, ``experiments/recall/page.py``). The results file never lo
 import json
 import os
 import sys
+import time
 
 if __name__ == '__main__' and not __package__:
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,12 +89,90 @@ def run_grid(config, name: str, root: str, results: str, log=run_lib.log_line) -
   return made
 
 
+def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_line) -> int:
+  """``path`` (the binding results/mqar_zoology.json) and one file per run in ``runs_dir``
+  from every finished run under ``root``, keeping the runs ``path`` holds that ``root``
+  lacks (a run in both is taken from ``root``)."""
+  runs, pilots = grid_lib.zoology_rows(root)
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        old = json.load(f)
+      old_runs, old_pilots = old['runs'], old.get('pilots', [])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      raise cli.ConfigError(f'--results: {path}: not a results file of this grid ({e!r}).') from None
+    for new, kept in ((runs, old_runs), (pilots, old_pilots)):
+      have = {grid_lib.zoology_key(r) for r in new}
+      new.extend(r for r in kept if grid_lib.zoology_key(r) not in have)
+  if not runs and not pilots:
+    raise cli.ConfigError(f'--workdir: {root} holds no finished run of this grid, and '
+                          f'--results {path} none either.')
+  table = grid_lib.zoology_file(runs, pilots, grid_lib.zoology_protocol(config, 'cpu'))
+  os.makedirs(runs_dir, exist_ok=True)
+  for r in table['runs'] + table['pilots']:
+    pilot = 'pilot-' if r in table['pilots'] else ''
+    name = pilot + grid_lib.zoology_name(r['method'], r['seq_len'], r['num_pairs'], r['width'],
+                                         r['learning_rate'], r['seed'])
+    if pilot:
+      name += f'-eta{r["particle_step_size"]:.0e}'
+    provenance.write_json_atomic(os.path.join(runs_dir, name + '.json'), r, indent=1)
+  provenance.write_json_atomic(path, table, indent=1)
+  log(f'{path}: {len(table["runs"])} runs, {len(table["pilots"])} pilots; {runs_dir}')
+  return len(table['runs'])
+
+
+def run_zoology(config, root: str, results: str, runs_dir: str, log=run_lib.log_line,
+                poll_seconds: float = 60.0, grid=None) -> int:
+  """Every run of ``grid_lib.zoology_plan`` (of ``grid``, default ``grid_lib.ZOOLOGY``) as
+  its prerequisites finish; several workers share ``root`` (runs claimed by lock). Returns
+  how many this worker made."""
+  metadata = provenance.run_metadata('experiments.mqar')
+  made = 0
+  while True:
+    runnable, waiting = grid_lib.zoology_plan(root, grid)
+    todo = [(n, o) for n, o in runnable
+            if not os.path.exists(os.path.join(root, n, run_lib.RESULT_FILE))]
+    done_one = False
+    for name, overrides in todo:
+      run_dir = os.path.join(root, name)
+      lock = grid_lib.claim(run_dir)
+      if lock is None:
+        continue
+      with lock:
+        run_lib.train_and_evaluate(grid_lib.apply_overrides(config, overrides), run_dir, log,
+                                   metadata)
+      made += 1
+      write_zoology(config, root, results, runs_dir, log)
+      done_one = True
+      break                                  # a finished run may unlock others: re-plan
+    if done_one:
+      continue
+    if not todo and not waiting:
+      return made
+    log(f'{root}: {len(todo)} runs held by other workers, {waiting} waiting on them; '
+        f'checking again in {poll_seconds:.0f} s')
+    time.sleep(poll_seconds)
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
   if not FLAGS.workdir:
     raise cli.ConfigError('--workdir is required.')
   config = FLAGS.config
+  if FLAGS.grid == 'zoology':
+    results = FLAGS.results if FLAGS.results != 'results/mqar.json' else 'results/mqar_zoology.json'
+    for out in (results, FLAGS.runs_dir):
+      parent = os.path.dirname(os.path.abspath(out))
+      if not os.path.isdir(parent):
+        raise cli.ConfigError(f'--results/--runs_dir: the folder {parent} of {out} does not exist.')
+    if FLAGS.collect_only:
+      write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
+      return
+    for _, overrides in grid_lib.zoology_plan(FLAGS.workdir)[0]:   # before any compute
+      run_lib.check_config(grid_lib.apply_overrides(config, overrides))
+    run_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
+    return
   if FLAGS.collect_only:
     try:
       page_lib.markers(FLAGS.block)
@@ -119,7 +198,10 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', 'configs/mqar.py', 'MQAR run config.',
                                   lock_config=False)
   flags.DEFINE_string('workdir', None, 'Run folder (with --grid: the grid folder).')
-  flags.DEFINE_string('grid', '', f'Run a grid of {sorted(grid_lib.GRIDS)} instead of one run.')
+  flags.DEFINE_string('grid', '', f'Run a grid of {sorted(grid_lib.GRIDS) + ["zoology"]} '
+                      'instead of one run (zoology: with --config=configs/mqar.py:zoology).')
+  flags.DEFINE_string('runs_dir', 'results/runs/mqar_zoology',
+                      'With --grid=zoology: the folder of one JSON per finished run.')
   flags.DEFINE_string('results', 'results/mqar.json', 'Results file the grid rewrites.')
   flags.DEFINE_bool('collect_only', False, 'Only rewrite --results from the finished runs.')
   flags.DEFINE_string('page', '', 'With --collect_only: also redraw the figure and table of '

@@ -20,14 +20,29 @@ def quick(method='softmax'):
 @pytest.mark.parametrize('method', methods.METHODS)
 def test_every_method_builds_with_n_features(method):
   import jax  # pylint: disable=g-import-not-at-top
+  from coulomb_jax import features  # pylint: disable=g-import-not-at-top
   config = quick(method)
+  n = config.model.num_features
   built = methods.build(config, jax.random.key_data(jax.random.key(0)))
   if method == 'softmax':
     assert built.model.attention == 'softmax'
   else:
-    rows = config.model.num_features // (2 if method == 'hedgehog' else 1)
-    assert built.model.num_features == rows and built.model.orthogonal
-  assert (built.mimicry is not None) == (method == 'particles_softmax')
+    rows = built.model.num_features
+    assert rows == methods.rows_per_head(method, n)
+    f = features.num_features(methods.FEATURE_MAP[method], rows)
+    assert f <= n and (method == 'taylor' or f == n)          # equal state size
+    assert built.model.identity_init == (method in ('hedgehog', 'hedgehog_distilled'))
+  uses_force = method in ('particles_softmax', 'particles_flow', 'hedgehog_distilled')
+  assert (built.mimicry is not None) == uses_force
+
+
+def test_taylor_dim_and_state_sizes():
+  assert [methods.taylor_dim(n) for n in (3, 7, 57, 64, 72, 73)] == [1, 2, 7, 7, 7, 8]
+  # H·F·D_h per layer: N = 64 features, width 64, 2 heads (D_h = 32).
+  assert methods.state_size('elu', 64, 64, 2, 128) == 2 * 64 * 32
+  assert methods.state_size('hedgehog', 64, 64, 2, 128) == 2 * 64 * 32
+  assert methods.state_size('taylor', 64, 64, 2, 128) == 2 * 57 * 32
+  assert methods.state_size('softmax', 64, 64, 2, 128) == 2 * 128 * 64
 
 
 def test_a_run_writes_its_row_and_resumes_from_its_checkpoint(tmp_path):
@@ -102,7 +117,7 @@ def test_plan_is_cheapest_first_and_complete():
 def test_a_grid_with_its_own_overrides_sets_them_on_every_run():
   runs = grid.plan('long')
   assert [name.split('-')[0] for name, _ in runs] == [
-      'particles_softmax', 'hedgehog', 'elu', 'favor_orthogonal'] * 6
+      'particles_softmax', 'softmaxfeat_trained', 'elu', 'favor_orthogonal'] * 6
   assert [name.split('-', 2)[1] + name[-1] for name, _ in runs[::4]] == [
       'L640', 'L641', 'L1280', 'L1281', 'L2560', 'L2561']   # length-major: both seeds per length
   for _, overrides in runs:
@@ -144,7 +159,7 @@ def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
   run.train_and_evaluate(quick(), teacher_dir, lambda *_: None)
   config, teacher, _ = convert.read_teacher(teacher_dir)
   student = methods.build(grid.apply_overrides(config, {'method': 'particles_softmax'}),
-                          None).model
+                          jax.random.key_data(jax.random.key(0))).model
   from coulomb_jax import lm  # pylint: disable=g-import-not-at-top
   init = jax.device_get(lm.make_state(jax.random.key(0), student, 16).params)
   params = convert.student_params(teacher, init)

@@ -15,8 +15,11 @@ exp(q·k/√D_h) exactly in expectation), and then:
    ==================== ==================================================================
    ``particles_softmax`` projected Langevin (the teacher's ``config.particles``: β, R,
                          clip, λ; η = ``particle_step_size``, default 3e-3 as the long grid).
-   ``hedgehog``          W of φ = softmax([Wx, −Wx]) by Adam (``hedgehog_learning_rate``),
-                         λ = 0: the gradient-trained map.
+   ``softmaxfeat_trained`` W of φ = softmax([Wx, −Wx]) (random orthogonal rows) by Adam
+                         (``hedgehog_learning_rate``), λ = 0 (the committed table's
+                         ``hedgehog`` rows, relabelled: that was this map).
+   ``hedgehog``          W of Zhang et al.'s φ = [e^{Wx}, e^{−Wx}] from the identity, the
+                         same Adam fit.
    ``favor_orthogonal``, no fit: the random features (the control).
    ``elu``
    ==================== ==================================================================
@@ -50,8 +53,9 @@ from experiments.recall import grid as grid_lib
 from experiments.recall import methods
 from experiments.recall import run as run_lib
 
-CONVERT_METHODS = ('favor_orthogonal', 'elu', 'hedgehog', 'particles_softmax')
-FITTED = ('hedgehog', 'particles_softmax')
+CONVERT_METHODS = ('favor_orthogonal', 'elu', 'softmaxfeat_trained', 'hedgehog',
+                   'particles_softmax')
+FITTED = ('softmaxfeat_trained', 'hedgehog', 'particles_softmax')
 RESULT_FILE = 'result.json'
 
 

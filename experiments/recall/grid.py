@@ -22,13 +22,15 @@ from experiments.recall import methods
 
 GRIDS = {
     # Issue 25: L = 64/128/256 with 4/8/16 pairs, widths 64 and 128, 2 seeds.
+    # (Its 'hedgehog' runs are the method now called softmaxfeat_trained.)
     'main': {'lengths': ((64, 4), (128, 8), (256, 16)), 'widths': (64, 128),
-             'methods': methods.METHODS, 'seeds': (0, 1)},
+             'methods': ('softmax', 'favor_orthogonal', 'elu', 'softmaxfeat_trained',
+                         'particles_softmax'), 'seeds': (0, 1)},
     # The linear maps at L = 64, 128 and 256 for 5x the steps (6000; softmax leaves the 1/P plateau by
     # step 900 of 1200), particles with a 30x larger Langevin step (3e-3; at 1e-4 they
     # barely moved). Write it to its own results file: its runs share main's run keys.
     'long': {'lengths': ((64, 4), (128, 8), (256, 16)), 'widths': (64,),
-             'methods': ('particles_softmax', 'hedgehog', 'elu', 'favor_orthogonal'),
+             'methods': ('particles_softmax', 'softmaxfeat_trained', 'elu', 'favor_orthogonal'),
              'seeds': (0, 1), 'overrides': {'train.steps': 6000, 'particles.step_size': 3e-3},
              'length_major': True},   # both seeds at one length before the next length
     # A test-sized grid (with configs/mqar.py:quick).
@@ -122,3 +124,195 @@ def results_file(rows: List[dict]) -> dict:
                                     'machine') if k in r})
           for r in rows]
   return {'vocab': rows[0]['vocab'], 'num_train': rows[0]['num_train'], 'runs': runs}
+
+
+# Issue 36: Zoology's protocol (configs/mqar.py:zoology), a learning-rate sweep per method.
+ZOOLOGY = {
+    'sweep_cells': ((64, 4), (128, 8)),        # every method at every rate, seed 0
+    'long_cell': (256, 16),                    # at each method's best rate of (128, 8)
+    'width': 64,
+    # logspace(-4, -2, 4), the middle rates first (a grid cut short has the likeliest best).
+    'learning_rates': (2.154e-3, 4.642e-4, 1e-2, 1e-4),
+    'methods': ('hedgehog', 'particles_softmax', 'particles_flow', 'elu', 'taylor',
+                'favor_orthogonal', 'hedgehog_distilled', 'softmax'),
+    'seeds': (0, 1, 2),
+    # The particles' Langevin step η: a pilot per cell (particles_softmax, seed 0, at the
+    # second-largest rate, pilot_steps), chosen on validation accuracy then loss.
+    'pilot_step_sizes': (1e-3, 3e-3, 1e-2),
+    'pilot_learning_rate': 2.154e-3,
+    'pilot_steps': 1000,
+}
+
+
+def zoology_name(method, seq_len, num_pairs, width, learning_rate, seed) -> str:
+  return f'{method}-L{seq_len}-P{num_pairs}-w{width}-lr{learning_rate:.1e}-seed{seed}'
+
+
+def _cell(seq_len, num_pairs, width, **more):
+  return dict({'data.seq_len': seq_len, 'data.num_pairs': num_pairs, 'model.width': width},
+              **more)
+
+
+def _read(root: str, name: str):
+  path = os.path.join(root, name, 'result.json')
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f'{path}: not a readable run result ({e}).') from None
+
+
+def selection_key(row: dict):
+  """Validation accuracy, then lower validation loss: how a rate or a step size is chosen."""
+  return (row['valid_accuracy'], -row['valid_loss'])
+
+
+def zoology_plan(root: str, grid: dict = None):
+  """``(runnable, waiting)``: the runs whose prerequisites are finished, in order, and how
+  many runs still wait on an unfinished one (a pilot, or a cell's sweep).
+
+  Order: the pilots; each sweep cell (methods × rates, seed 0); (256, 16) seed 0 at each
+  method's best rate of (128, 8); seeds 1 and 2 at each method's best rate of each sweep
+  cell, then at (256, 16). The particles' step size is the pilot's choice for the cell
+  (the (256, 16) runs take (128, 8)'s). The best rate of a method is the argmax of
+  ``selection_key`` over its seed-0 runs (validation batch, never the test batch).
+  """
+  g = grid or ZOOLOGY
+  w = g['width']
+  runs, waiting = [], 0
+  eta = {}
+  for seq_len, num_pairs in g['sweep_cells']:
+    rows = []
+    for step_size in g['pilot_step_sizes']:
+      name = f'pilot/particles_softmax-L{seq_len}-P{num_pairs}-w{w}-eta{step_size:.0e}'
+      runs.append((name, _cell(seq_len, num_pairs, w, method='particles_softmax', seed=0,
+                               **{'train.learning_rate': g['pilot_learning_rate'],
+                                  'train.steps': g['pilot_steps'],
+                                  'particles.step_size': step_size})))
+      row = _read(root, name)
+      rows.append((row, step_size))
+    if all(r is not None for r, _ in rows):
+      eta[(seq_len, num_pairs)] = max(rows, key=lambda r: selection_key(r[0]))[1]
+  best = {}
+  for seq_len, num_pairs in g['sweep_cells']:
+    for method in g['methods']:
+      rows = []
+      for lr in g['learning_rates']:
+        extra = {'train.learning_rate': lr}
+        if method in methods.LANGEVIN_METHODS:
+          if (seq_len, num_pairs) not in eta:
+            waiting += 1
+            rows.append(None)
+            continue
+          extra['particles.step_size'] = eta[(seq_len, num_pairs)]
+        name = zoology_name(method, seq_len, num_pairs, w, lr, 0)
+        runs.append((name, _cell(seq_len, num_pairs, w, method=method, seed=0, **extra)))
+        row = _read(root, name)
+        rows.append(None if row is None else (row, lr, extra))
+      if all(r is not None for r in rows):
+        best[(seq_len, num_pairs, method)] = max(rows, key=lambda r: selection_key(r[0]))[1:]
+  long_len, long_pairs = g['long_cell']
+  last_len, last_pairs = g['sweep_cells'][-1]
+  later = []
+  for seed in g['seeds']:
+    for method in g['methods']:
+      choice = best.get((last_len, last_pairs, method))
+      if choice is None:
+        waiting += 1
+        continue
+      lr, extra = choice
+      entry = (zoology_name(method, long_len, long_pairs, w, lr, seed),
+               _cell(long_len, long_pairs, w, method=method, seed=seed, **extra))
+      (runs if seed == 0 else later).append(entry)
+  for seed in g['seeds'][1:]:
+    for seq_len, num_pairs in g['sweep_cells']:
+      for method in g['methods']:
+        choice = best.get((seq_len, num_pairs, method))
+        if choice is None:
+          waiting += 1
+          continue
+        lr, extra = choice
+        runs.append((zoology_name(method, seq_len, num_pairs, w, lr, seed),
+                     _cell(seq_len, num_pairs, w, method=method, seed=seed, **extra)))
+  return runs + later, waiting
+
+
+def zoology_best(rows: List[dict]) -> dict:
+  """``{"L/P/width/method": {"learning_rate", "accuracy": {"mean", "std", "n"}}}``: each
+  method's rate chosen on its seed-0 validation accuracy, its test accuracy over the seeds
+  run at that rate (std with ddof = 1; 0 for one seed)."""
+  groups = {}
+  for r in rows:
+    groups.setdefault((r['seq_len'], r['num_pairs'], r['width'], r['method']), []).append(r)
+  out = {}
+  for (seq_len, num_pairs, width, method), group in sorted(groups.items()):
+    seed0 = [r for r in group if r['seed'] == 0]
+    if not seed0:
+      continue
+    lr = max(seed0, key=selection_key)['learning_rate']
+    acc = [r['accuracy'] for r in group if r['learning_rate'] == lr]
+    out[f'{seq_len}/{num_pairs}/{width}/{method}'] = {
+        'learning_rate': lr, 'rates_tried': len(seed0),
+        'accuracy': {'mean': float(sum(acc) / len(acc)),
+                     'std': float(_std(acc)), 'n': len(acc)}}
+  return out
+
+
+def _std(values):
+  if len(values) < 2:
+    return 0.0
+  mean = sum(values) / len(values)
+  return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
+RUN_FIELDS = ('seq_len', 'num_pairs', 'width', 'method', 'learning_rate', 'seed', 'accuracy',
+              'steps_run', 'state_size', 'commit', 'machine')
+"""The binding fields of a ``results/mqar_zoology.json`` run (then the rest of its row)."""
+
+
+def zoology_protocol(config, where: str) -> dict:
+  """The settings every run of the grid shares (``config``: configs/mqar.py:zoology)."""
+  d, m, t, p = config.data, config.model, config.train, config.particles
+  return {'vocab': d.vocab_size, 'train_examples': d.train_examples, 'steps': t.steps,
+          'batch': t.batch_size, 'early_stop': t.early_stop,
+          'learning_rates': sorted(ZOOLOGY['learning_rates']), 'where': where,
+          'schedule': t.schedule, 'weight_decay': t.weight_decay, 'eval_every': t.eval_every,
+          'num_valid': d.num_valid, 'num_eval': d.num_eval, 'power_a': d.power_a,
+          'num_layers': m.num_layers, 'num_heads': m.num_heads, 'mlp_ratio': m.mlp_ratio,
+          'num_features': m.num_features, 'causal_path': m.causal_path,
+          'particles': {'relative_lam': p.relative_lam, 'drift_to_noise': p.drift_to_noise,
+                        'radius': p.radius, 'clip_norm': p.clip_norm, 'target': p.target,
+                        'rows': p.rows, 'riesz_s': p.riesz_s,
+                        'pilot_step_sizes': list(ZOOLOGY['pilot_step_sizes']),
+                        'pilot_learning_rate': ZOOLOGY['pilot_learning_rate'],
+                        'pilot_steps': ZOOLOGY['pilot_steps']}}
+
+
+def zoology_rows(root: str):
+  """``(runs, pilots)``: every finished run's row under ``root`` and under ``root/pilot``."""
+  read = lambda pattern: [json.load(open(p)) for p in sorted(glob.glob(pattern))]
+  try:
+    return (read(os.path.join(root, '*', 'result.json')),
+            read(os.path.join(root, 'pilot', '*', 'result.json')))
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f'{root}: a run result is not readable ({e}).') from None
+
+
+def zoology_key(row: dict) -> tuple:
+  return tuple(row.get(k) for k in ('seq_len', 'num_pairs', 'width', 'method',
+                                    'learning_rate', 'seed', 'steps', 'particle_step_size'))
+
+
+def zoology_file(runs: List[dict], pilots: List[dict], protocol: dict) -> dict:
+  """The binding ``results/mqar_zoology.json`` object."""
+  order = {m: i for i, m in enumerate(methods.METHODS)}
+  sort = lambda rows: sorted(rows, key=lambda r: (r['seq_len'], r['width'],
+                                                  order.get(r['method'], 99),
+                                                  r['learning_rate'], r['seed']))
+  shape = lambda r: dict({k: r[k] for k in RUN_FIELDS},
+                         **{k: v for k, v in r.items() if k not in RUN_FIELDS})
+  runs = [shape(r) for r in sort(runs)]
+  return {'protocol': protocol, 'runs': runs, 'best': zoology_best(runs),
+          'pilots': [shape(r) for r in sort(pilots)]}

@@ -1,21 +1,39 @@
-r"""The attention methods of the recall study, at an equal number N of features per head.
+r"""The attention methods of the recall study, each one name for one map, at equal state size.
 
-=====================  ==========================================================================
-``softmax``            causal softmax attention (the reference; no features).
-``favor_orthogonal``   FAVOR+ positive random features exp(ωᵀx − ‖x‖²/2), N block-orthogonal
-                       ω per head, frozen (Performer without redraws).
-``elu``                elu(xΩᵀ) + 1 on N block-orthogonal random projections, frozen.
-``hedgehog``           Hedgehog-style φ(x) = softmax over [Wx, −Wx] (``softmaxfeat``): N/2 rows
-                       of W per head give N features; W trained by AdamW with the rest of the
-                       model on the task loss (the gradient-trained map).
-``particles_softmax``  FAVOR+ features of N particles per head, started block-orthogonal and
-                       moved by projected Langevin on the softmax-mimicry Hamiltonian of the
-                       layer's own queries and keys, every step, while AdamW trains the rest
-                       (Phase A interleaved with training; ``lm.MimicrySettings``).
-=====================  ==========================================================================
+=======================  ==========================================================================
+``softmax``              causal softmax attention (the reference; no features).
+``elu``                  elu(xΩᵀ) + 1 on N block-orthogonal random projections, frozen.
+``taylor``               Based's second-order Taylor map [1, s, vec(s sᵀ)/√2] (scaled, see
+                         ``features.taylor``) on d' projections s = xΩᵀ trained by AdamW with
+                         the rest; d' chosen so that 1 + d' + d'² ≤ N is largest (N = 64: d' = 7,
+                         57 features).
+``favor_orthogonal``     FAVOR+ exp(ωᵀx − ‖x‖²/2), N block-orthogonal ω per head, frozen
+                         (Zoology's Performer without redraws).
+``hedgehog``             Zhang et al.'s [e^{Wx}, e^{−Wx}] (``features.hedgehog``): N/2 rows of W
+                         per head started at the identity, trained by AdamW on the task loss.
+``hedgehog_distilled``   the same map and init; W's gradient is the task gradient *plus* the
+                         gradient of Hedgehog's attention-distillation loss (cross-entropy
+                         between the layer's softmax and linear attention rows on its own
+                         queries and keys, ``lm.MimicrySettings(with_task_gradient=True)``).
+``particles_softmax``    FAVOR+ features of N particles, started block-orthogonal, moved by
+                         projected Langevin on the softmax-mimicry Hamiltonian D + λ·W_s of the
+                         layer's own queries and keys, every step, while AdamW trains the rest;
+                         λ set at step 0 so the median repulsion force is ``relative_lam`` of the
+                         median target force, β so the median drift is ``drift_to_noise``
+                         times the noise.
+``particles_flow``       the same target, features, init and step size with λ = 0 and no noise
+                         (β = ∞): plain projected gradient flow. The pair isolates the Coulomb
+                         terms.
+``softmaxfeat_trained``  the method the first grids called ``hedgehog``: one softmax over
+                         [Wx, −Wx] (``softmaxfeat``), N/2 random orthogonal rows, trained by
+                         AdamW on the task loss. Kept so the old grids rerun under their map's
+                         name.
+=======================  ==========================================================================
 
-Features are counted as the length of φ(x), not as parameters. Every kernel method starts
-from the same kind of draw (block-orthogonal N(0, I) rows per head).
+State size (``state_size``): what a layer carries from one token to the next at inference,
+per layer, summed over heads: F × D_h per head for a linear map (F = the length of φ, the
+numerator state S = Σ φ(k) vᵀ; the normaliser's F more are not counted), 2·L·E for softmax
+(its key and value cache at length L).
 """
 
 from typing import NamedTuple, Optional
@@ -23,10 +41,20 @@ from typing import NamedTuple, Optional
 import jax
 import optax
 
+from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax import lm
 
-METHODS = ('softmax', 'favor_orthogonal', 'elu', 'hedgehog', 'particles_softmax')
+METHODS = ('softmax', 'elu', 'taylor', 'favor_orthogonal', 'hedgehog', 'hedgehog_distilled',
+           'particles_softmax', 'particles_flow', 'softmaxfeat_trained')
+LANGEVIN_METHODS = ('particles_softmax', 'particles_flow')
+"""The methods whose particles move by ``langevin.langevin_transform`` on the mimicry force."""
+
+FEATURE_MAP = {'elu': 'elu', 'taylor': 'taylor', 'favor_orthogonal': 'favor',
+               'hedgehog': 'hedgehog', 'hedgehog_distilled': 'hedgehog',
+               'particles_softmax': 'favor', 'particles_flow': 'favor',
+               'softmaxfeat_trained': 'softmaxfeat'}
+"""Each kernel method's map (``features``)."""
 
 
 class Method(NamedTuple):
@@ -37,30 +65,72 @@ class Method(NamedTuple):
   feature_map: str
 
 
+def taylor_dim(num_features: int) -> int:
+  """The largest d' ≥ 1 with 1 + d' + d'² ≤ ``num_features`` (1 if none)."""
+  d = 1
+  while 1 + (d + 1) + (d + 1) ** 2 <= num_features:
+    d += 1
+  return d
+
+
 def rows_per_head(method: str, num_features: int) -> int:
-  """Rows M of the particle array for N = ``num_features`` features (hedgehog: N/2)."""
-  return num_features // 2 if method == 'hedgehog' else num_features
+  """Rows M of the particle array for N = ``num_features`` features per head."""
+  if method in ('hedgehog', 'hedgehog_distilled', 'softmaxfeat_trained'):
+    return num_features // 2
+  if method == 'taylor':
+    return taylor_dim(num_features)
+  return num_features
 
 
-def build(config, key: jax.Array) -> Method:
-  """The ``Method`` of ``config.method``; ``key`` seeds the Langevin noise."""
+def state_size(method: str, num_features: int, width: int, num_heads: int,
+               seq_len: int) -> int:
+  """Per layer: H·F·D_h for a linear map (F = length of φ), 2·L·E for softmax."""
+  if method == 'softmax':
+    return 2 * seq_len * width
+  f = features.num_features(FEATURE_MAP[method], rows_per_head(method, num_features))
+  return num_heads * f * (width // num_heads)
+
+
+def mimicry_settings(config, lam: float) -> lm.MimicrySettings:
+  """The mimicry force of ``config.method`` with repulsion weight ``lam``."""
+  p = config.particles
+  distilled = config.method == 'hedgehog_distilled'
+  return lm.MimicrySettings(lam=0.0 if distilled else lam, riesz_s=p.riesz_s,
+                            softening=p.softening, target=p.target, rows=p.rows,
+                            with_task_gradient=distilled)
+
+
+def build(config, key: jax.Array, *, lam: Optional[float] = None,
+          beta: Optional[float] = None) -> Method:
+  """The ``Method`` of ``config.method``; ``key`` seeds the Langevin noise.
+
+  ``lam``, ``beta``: the Langevin methods' repulsion weight and inverse temperature when
+  calibrated at step 0 (None: ``config.particles.lam`` / ``.beta``); ``particles_flow``
+  always has λ = 0 and β = ∞.
+  """
   m, p = config.model, config.particles
   common = dict(vocab_size=config.data.vocab_size, max_len=config.data.seq_len,
                 width=m.width, num_layers=m.num_layers, num_heads=m.num_heads,
                 mlp_ratio=m.mlp_ratio)
   if config.method == 'softmax':
     return Method(lm.CausalLM(attention='softmax', **common), None, None, 'favor')
-  feature_map = {'elu': 'elu', 'hedgehog': 'softmaxfeat'}.get(config.method, 'favor')
+  feature_map = FEATURE_MAP[config.method]
+  hedgehog = config.method in ('hedgehog', 'hedgehog_distilled')
   model = lm.CausalLM(attention='kernel', feature_map=feature_map,
                       num_features=rows_per_head(config.method, m.num_features),
-                      orthogonal=True, chunk_size=m.chunk_size,
-                      causal_path=m.causal_path, **common)
-  if config.method == 'hedgehog':
+                      orthogonal=not hedgehog, identity_init=hedgehog,
+                      chunk_size=m.chunk_size, causal_path=m.causal_path, **common)
+  if config.method in ('hedgehog', 'taylor', 'softmaxfeat_trained'):
     return Method(model, None, None, feature_map)
+  if config.method == 'hedgehog_distilled':
+    return Method(model, None, mimicry_settings(config, 0.0), feature_map)
   if config.method in ('favor_orthogonal', 'elu'):
     return Method(model, optax.set_to_zero(), None, feature_map)
-  tx = langevin.langevin_transform(key, step_size=p.step_size, beta=p.beta, radius=p.radius,
+  if config.method == 'particles_flow':
+    lam, beta = 0.0, float('inf')
+  else:
+    lam = p.lam if lam is None else lam
+    beta = p.beta if beta is None else beta
+  tx = langevin.langevin_transform(key, step_size=p.step_size, beta=beta, radius=p.radius,
                                    clip_norm=p.clip_norm)
-  settings = lm.MimicrySettings(lam=p.lam, riesz_s=p.riesz_s, softening=p.softening,
-                                target=p.target, rows=p.rows)
-  return Method(model, tx, settings, feature_map)
+  return Method(model, tx, mimicry_settings(config, lam), feature_map)

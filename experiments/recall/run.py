@@ -10,10 +10,20 @@ r"""One MQAR run: check the config, train (resuming from the last checkpoint), e
   and provenance, and for the kernel methods the particles' diversity at initialisation and
   at the end (``particle_diversity``). A finished run is not trained again.
 
-Training batches: step t draws ``mqar_batch(fold_in(k_train, t), batch_size, ...)``, so
-every step sees fresh sequences and ``num_train = steps · batch_size``; the evaluation
-batch (``data.num_eval`` sequences) comes from its own key and is never trained on.
-Accuracy is over answer positions only (every key queried once per sequence).
+Training batches: with ``data.train_examples = 0`` step t draws
+``mqar_batch(fold_in(k_train, t), batch_size, ...)``, so every step sees fresh sequences and
+``num_train = steps · batch_size``; with N > 0 the N sequences are drawn once from
+``k_train`` and step t reads rows ``perm_e[i·B:(i+1)·B]`` of epoch e = t // (N // B)
+(``perm_e`` a permutation from ``fold_in(k_shuffle, e)``; the last partial batch of an
+epoch is dropped), so ``num_train = N``. The validation batch (``data.num_valid``,
+early stopping every ``train.eval_every`` steps at ``train.early_stop``) and the test
+batch (``data.num_eval``, the reported accuracy) come from their own keys and are never
+trained on. Accuracy is over answer positions only (every key queried once per
+sequence); the head runs only there (``lm.train_step(num_answers=P)``).
+
+The Langevin methods with ``particles.relative_lam`` / ``drift_to_noise`` > 0 set λ and β
+once, from the forces on the initial particles and the first training batch
+(``calibrate``): the same numbers on every resume.
 """
 
 import json
@@ -29,6 +39,7 @@ from flax import serialization
 
 from coulomb_jax import _checks
 from coulomb_jax import diagnostics
+from coulomb_jax import langevin_diagnostics
 from coulomb_jax import lm
 from coulomb_jax import mimicry
 from coulomb_jax import models
@@ -38,6 +49,7 @@ from experiments.common import provenance
 from experiments.recall import methods
 
 CONFIG_FILE = 'config.json'
+SCHEDULES = ('constant', 'cosine')
 CHECKPOINT_FILE = 'checkpoint.msgpack'
 RESULT_FILE = 'result.json'
 EVAL_CHUNK = 256
@@ -54,15 +66,28 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for name in ('width', 'num_layers', 'num_heads', 'num_features', 'chunk_size'):
       _checks.check_int(f'config.model.{name}', m[name], 1)
     _checks.check_int('config.model.mlp_ratio', m.mlp_ratio, 0)
+    _checks.check_int('config.data.train_examples', d.train_examples, 0)
+    _checks.check_int('config.data.num_valid', d.num_valid, 1)
+    if d.train_examples and d.train_examples < t.batch_size:
+      raise ValueError(f'config.data.train_examples must be 0 or >= config.train.batch_size='
+                       f'{t.batch_size}, got {d.train_examples}.')
+    if t.schedule not in SCHEDULES:
+      raise ValueError(f'config.train.schedule must be one of {SCHEDULES}, got {t.schedule!r}.')
+    _checks.check_nonnegative('config.train.early_stop', t.early_stop)
+    if t.early_stop > 1:
+      raise ValueError(f'config.train.early_stop must be in [0, 1], got {t.early_stop}.')
+    _checks.check_int('config.train.eval_every', t.eval_every, 1)
+    _checks.check_nonnegative('config.particles.relative_lam', p.relative_lam)
+    _checks.check_nonnegative('config.particles.drift_to_noise', p.drift_to_noise)
     if m.causal_path not in models.CAUSAL_PATHS:
       raise ValueError(f'config.model.causal_path must be one of {models.CAUSAL_PATHS}, '
                        f'got {m.causal_path!r}.')
     if m.width % m.num_heads:
       raise ValueError(f'config.model.width must be divisible by config.model.num_heads='
                        f'{m.num_heads}, got {m.width}.')
-    if config.method == 'hedgehog' and m.num_features % 2:
-      raise ValueError(f'config.model.num_features must be even for hedgehog (N/2 rows give '
-                       f'N features), got {m.num_features}.')
+    if methods.rows_per_head(config.method, 2) == 1 and m.num_features % 2:
+      raise ValueError(f'config.model.num_features must be even for {config.method} (N/2 rows '
+                       f'give N features), got {m.num_features}.')
     for name in ('steps', 'batch_size', 'checkpoint_every', 'log_every'):
       _checks.check_int(f'config.train.{name}', t[name], 1)
     _checks.check_positive('config.train.learning_rate', t.learning_rate)
@@ -82,7 +107,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 def _keys(seed: int):
   root = jax.random.key(seed)
   return {name: jax.random.fold_in(root, i) for i, name in
-          enumerate(('init', 'train', 'eval', 'langevin'))}
+          enumerate(('init', 'train', 'eval', 'langevin', 'valid', 'shuffle'))}
 
 
 def _check_workdir(config, workdir: str) -> None:
@@ -120,13 +145,15 @@ def data_args(config) -> dict:
               power_a=d.power_a)
 
 
-def evaluate(params, model, config, key) -> dict:
-  """Loss and accuracy over the answers of ``data.num_eval`` sequences (chunks of 256)."""
-  batch = mqar.mqar_batch(key, config.data.num_eval, **data_args(config))
+def evaluate(params, model, config, key, num: Optional[int] = None) -> dict:
+  """Loss and accuracy over the answers of ``num`` (default ``data.num_eval``) sequences
+  drawn from ``key`` (chunks of 256)."""
+  num = config.data.num_eval if num is None else num
+  batch = mqar.mqar_batch(key, num, **data_args(config))
   totals, count = np.zeros(2), 0
-  for start in range(0, config.data.num_eval, EVAL_CHUNK):
+  for start in range(0, num, EVAL_CHUNK):
     chunk = jax.tree.map(lambda x: x[start:start + EVAL_CHUNK], batch)
-    out = lm.evaluate(params, chunk, model)
+    out = lm.evaluate(params, chunk, model, config.data.num_pairs)
     rows = chunk.inputs.shape[0]
     totals += rows * np.array([float(out['loss']), float(out['accuracy'])])
     count += rows
@@ -160,14 +187,75 @@ def checkpoint_diversity(workdir: str) -> dict:
 
 def result_row(config, metrics: dict, seconds: float) -> dict:
   """The binding fields of a ``results/mqar.json`` run, then the rest."""
-  d = config.data
-  return {'seq_len': d.seq_len, 'num_pairs': d.num_pairs, 'width': config.model.width,
+  d, m = config.data, config.model
+  return {'seq_len': d.seq_len, 'num_pairs': d.num_pairs, 'width': m.width,
           'method': config.method,
-          'num_features': 0 if config.method == 'softmax' else config.model.num_features,
+          'num_features': 0 if config.method == 'softmax' else m.num_features,
           'seed': config.seed, 'accuracy': float(metrics['accuracy']),
           'train_seconds': round(seconds, 1), 'loss': float(metrics['loss']),
           'steps': config.train.steps, 'vocab': d.vocab_size,
-          'num_train': config.train.steps * config.train.batch_size}
+          'num_train': d.train_examples or config.train.steps * config.train.batch_size,
+          'learning_rate': config.train.learning_rate,
+          'state_size': methods.state_size(config.method, m.num_features, m.width,
+                                           m.num_heads, d.seq_len),
+          **({'particle_step_size': config.particles.step_size}
+             if config.method in methods.LANGEVIN_METHODS else {})}
+
+
+class TrainingSet:
+  """The batches of ``train_and_evaluate``: fresh per step, or epochs of a fixed set."""
+
+  def __init__(self, config, keys):
+    self.config, self.keys = config, keys
+    n, b = config.data.train_examples, config.train.batch_size
+    self.data = (mqar.mqar_batch(keys['train'], n, **data_args(config)) if n else None)
+    self.per_epoch = n // b if n else 0
+
+  def batch(self, step: int):
+    """The batch of step ``step`` (deterministic: the same on every resume)."""
+    b = self.config.train.batch_size
+    if self.data is None:
+      return mqar.mqar_batch(jax.random.fold_in(self.keys['train'], step), b,
+                             **data_args(self.config))
+    epoch, i = divmod(step, self.per_epoch)
+    if getattr(self, '_epoch', None) != epoch:
+      self._epoch, self._perm = epoch, jax.random.permutation(
+          jax.random.fold_in(self.keys['shuffle'], epoch), self.config.data.train_examples)
+    rows = self._perm[i * b:(i + 1) * b]
+    return jax.tree.map(lambda x: x[rows], self.data)
+
+
+def calibrate(config, state, model, batch) -> dict:
+  """λ and β of a Langevin method from the forces at the initial particles on ``batch``.
+
+  ``relative_lam`` > 0: λ = relative_lam · median‖∇D‖ / median‖∇W_s‖ over every particle
+  (``langevin_diagnostics.relative_lam``); ``drift_to_noise`` > 0: β such that the median
+  drift η·N·‖clip(∇D + λ∇W_s)‖ is drift_to_noise × the noise RMS √(2η/β)·√D_h, i.e.
+  β = 2η·D_h·r² / median(drift)². Returns ``{'lam', 'beta', 'force_ratio', 'drift_to_noise'}``
+  (the last two at the chosen λ, β: medians over particles).
+  """
+  p = config.particles
+  if config.method == 'particles_flow':
+    return {'lam': 0.0, 'beta': float('inf')}
+  settings = methods.mimicry_settings(config, 1.0)
+  data, rep = lm.force_terms(state.params, batch, model, settings,
+                             methods.FEATURE_MAP[config.method], config.data.num_pairs)
+  lam = (langevin_diagnostics.relative_lam(rep, data, p.relative_lam) if p.relative_lam
+         else p.lam)
+  grad = jax.tree.map(lambda a, b: a + lam * b, data, rep)
+  head_dim = config.model.width // config.model.num_heads
+  if p.drift_to_noise:
+    d = float(np.median(np.asarray(langevin_diagnostics.drift(
+        grad, step_size=p.step_size, clip_norm=p.clip_norm))))
+    beta = 2.0 * p.step_size * head_dim * p.drift_to_noise ** 2 / max(d, 1e-30) ** 2
+  else:
+    beta = p.beta
+  ratio = langevin_diagnostics.force_ratio(rep, data, lam)
+  dn = langevin_diagnostics.drift_to_noise(grad, step_size=p.step_size, beta=beta,
+                                           clip_norm=p.clip_norm)
+  return {'lam': float(lam), 'beta': float(beta),
+          'force_ratio': float(np.median(np.asarray(ratio))),
+          'drift_to_noise': float(np.median(np.asarray(dn)))}
 
 
 def log_line(message: str) -> None:
@@ -192,30 +280,58 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
   os.makedirs(workdir, exist_ok=True)
   provenance.write_atomic(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
   keys = _keys(config.seed)
-  method = methods.build(config, jax.random.key_data(keys['langevin']))
-  state = lm.make_state(keys['init'], method.model, config.data.seq_len,
-                        learning_rate=config.train.learning_rate,
-                        weight_decay=config.train.weight_decay,
-                        particle_tx=method.particle_tx)
+  t, d = config.train, config.data
+  batches = TrainingSet(config, keys)
+  make = lambda method: lm.make_state(
+      keys['init'], method.model, d.seq_len, learning_rate=t.learning_rate,
+      weight_decay=t.weight_decay, particle_tx=method.particle_tx,
+      decay_steps=t.steps if t.schedule == 'cosine' else None)
+  langevin_key = jax.random.key_data(keys['langevin'])
+  method = methods.build(config, langevin_key)
+  state = make(method)
+  calibration = None
+  if config.method in methods.LANGEVIN_METHODS:
+    calibration = calibrate(config, state, method.model, batches.batch(0))
+    method = methods.build(config, langevin_key, lam=calibration['lam'],
+                           beta=calibration['beta'])
+    state = make(method)
+    log(f'{workdir}: calibrated ' + ', '.join(f'{k} {v:.4g}' for k, v in calibration.items()))
   initial_diversity = particle_diversity(jax.device_get(state.params))
   state, step, seconds = _restore(workdir, state)
   if step:
-    log(f'{workdir}: resumed at step {step} of {config.train.steps}')
-  t = config.train
-  while step < t.steps:
+    log(f'{workdir}: resumed at step {step} of {t.steps}')
+  valid = lambda: evaluate(state.params, method.model, config, keys['valid'], d.num_valid)
+  stopped = None
+  if t.early_stop and step and step < t.steps and step % t.eval_every == 0:
+    if valid()['accuracy'] >= t.early_stop:     # killed after an early stop's checkpoint
+      stopped = step
+  while step < t.steps and not stopped:
     start = time.time()
-    batch = mqar.mqar_batch(jax.random.fold_in(keys['train'], step), t.batch_size,
-                            **data_args(config))
-    state, metrics = lm.train_step(state, batch, method.mimicry, method.feature_map)
+    state, metrics = lm.train_step(state, batches.batch(step), method.mimicry,
+                                   method.feature_map, d.num_pairs)
     step += 1
     if step % t.log_every == 0 or step == t.steps:
       log(f'{workdir}: step {step}/{t.steps} loss {float(metrics["loss"]):.4f} '
           f'accuracy {float(metrics["accuracy"]):.4f}')
     seconds += time.time() - start
-    if step % t.checkpoint_every == 0 or step == t.steps:
+    if t.early_stop and (step % t.eval_every == 0 or step == t.steps):
+      accuracy = valid()['accuracy']
+      if accuracy >= t.early_stop:
+        stopped = step
+        log(f'{workdir}: validation accuracy {accuracy:.4f} >= {t.early_stop} at step {step}: '
+            f'early stop')
+    if step % t.checkpoint_every == 0 or step == t.steps or stopped:
       _save(workdir, state, step, seconds)
+    if stopped:
+      break
   metrics = evaluate(state.params, method.model, config, keys['eval'])
   row = dict(result_row(config, metrics, seconds), **metadata)
+  row['steps_run'] = step
+  valid_metrics = valid()
+  row['valid_accuracy'] = float(valid_metrics['accuracy'])
+  row['valid_loss'] = float(valid_metrics['loss'])
+  if calibration is not None:
+    row['calibration'] = calibration
   if initial_diversity:
     row['diversity'] = {'initial': initial_diversity,
                         'final': particle_diversity(jax.device_get(state.params))}
