@@ -162,10 +162,15 @@ def main(argv):
   config = FLAGS.config
   if FLAGS.grid == 'zoology':
     results = FLAGS.results if FLAGS.results != 'results/mqar.json' else 'results/mqar_zoology.json'
-    for out in (results, FLAGS.runs_dir):
-      parent = os.path.dirname(os.path.abspath(out))
-      if not os.path.isdir(parent):
-        raise cli.ConfigError(f'--results/--runs_dir: the folder {parent} of {out} does not exist.')
+    parent = os.path.dirname(os.path.abspath(results))
+    if not os.path.isdir(parent):
+      raise cli.ConfigError(f'--results: the folder {parent} of {results} does not exist.')
+    ancestor = os.path.abspath(FLAGS.runs_dir)
+    while not os.path.exists(ancestor):
+      ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+      raise cli.ConfigError(f'--runs_dir: {FLAGS.runs_dir} cannot be a folder: {ancestor} '
+                            f'is a file.')
     if FLAGS.collect_only:
       write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
       return

@@ -182,3 +182,43 @@ def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
     convert.read_teacher(elu_dir)
   with pytest.raises(cli.ConfigError, match=r"^--method must be one of"):
     convert.convert(teacher_dir, 'softmax', str(tmp_path / 'x'), 1, 1)
+
+
+def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tmp_path):
+  tiny = dict(grid.ZOOLOGY, sweep_cells=((16, 2),), long_cell=(24, 3), width=16,
+              learning_rates=(1e-3, 1e-2), methods=('particles_flow', 'taylor'),
+              seeds=(0, 1), pilot_step_sizes=(1e-3, 1e-2), pilot_steps=2)
+  config = mqar_config.get_config('zoology,quick')
+  config.data.seq_len = 24
+  root, results, runs_dir = (str(tmp_path / n) for n in ('grid', 'z.json', 'runs'))
+  planned, waiting = grid.zoology_plan(root, tiny)
+  assert [n for n, _ in planned][:2] == ['pilot/particles_softmax-L16-P2-w16-eta1e-03',
+                                         'pilot/particles_softmax-L16-P2-w16-eta1e-02']
+  assert waiting > 0                      # the sweep of particles_flow waits on the pilots
+  made = mqar_cmd.run_zoology(config, root, results, runs_dir, log=lambda *_: None,
+                              poll_seconds=0.0, grid=tiny)
+  # 2 pilots, 2 methods × 2 rates, the long cell at seed 0 and 1, seed 1 of the sweep cell.
+  assert made == 2 + 4 + 2 + 2 + 2
+  with open(results) as f:
+    table = json.load(f)
+  assert set(table) == {'protocol', 'runs', 'best', 'pilots'}
+  assert table['protocol']['vocab'] == config.data.vocab_size
+  assert table['protocol']['where'] == 'cpu'
+  for r in table['runs']:
+    for field in grid.RUN_FIELDS:
+      assert field in r
+  assert len(table['runs']) == 10 and len(table['pilots']) == 2
+  assert len(os.listdir(runs_dir)) == 12
+  best = table['best']['16/2/16/particles_flow']
+  seed0 = [r for r in table['runs'] if r['method'] == 'particles_flow' and r['seq_len'] == 16
+           and r['seed'] == 0]
+  assert best['learning_rate'] == max(seed0, key=grid.selection_key)['learning_rate']
+  assert best['accuracy']['n'] == 2 and best['rates_tried'] == 2
+  chosen_eta = max(table['pilots'], key=grid.selection_key)['particle_step_size']
+  assert all(r['particle_step_size'] == chosen_eta for r in table['runs']
+             if r['method'] == 'particles_flow')
+  # A rerun makes nothing; an empty workdir keeps the committed rows.
+  assert mqar_cmd.run_zoology(config, root, results, runs_dir, log=lambda *_: None,
+                              poll_seconds=0.0, grid=tiny) == 0
+  assert mqar_cmd.write_zoology(config, str(tmp_path / 'empty'), results, runs_dir,
+                                log=lambda *_: None) == 10
