@@ -121,12 +121,39 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
   return len(table['runs'])
 
 
+def restore_finished(root: str, results: str) -> int:
+  """Writes ``<root>/<run>/result.json`` for every run ``results`` holds that ``root`` lacks,
+  so a grid restarted on a new machine (its run folders gone) does not run them again."""
+  if not os.path.exists(results):
+    return 0
+  with open(results) as f:
+    table = json.load(f)
+  made = 0
+  for pilot, rows in ((False, table.get('runs', [])), (True, table.get('pilots', []))):
+    for r in rows:
+      if pilot:
+        name = (f'pilot/{r["method"]}-L{r["seq_len"]}-P{r["num_pairs"]}-w{r["width"]}'
+                f'-eta{r["particle_step_size"]:.0e}')
+      else:
+        name = grid_lib.zoology_name(r['method'], r['seq_len'], r['num_pairs'], r['width'],
+                                     r['learning_rate'], r['seed'])
+      path = os.path.join(root, name, run_lib.RESULT_FILE)
+      if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        provenance.write_json_atomic(path, r, indent=2)
+        made += 1
+  return made
+
+
 def run_zoology(config, root: str, results: str, runs_dir: str, log=run_lib.log_line,
                 poll_seconds: float = 60.0, grid=None) -> int:
   """Every run of ``grid_lib.zoology_plan`` (of ``grid``, default ``grid_lib.ZOOLOGY``) as
   its prerequisites finish; several workers share ``root`` (runs claimed by lock). Returns
   how many this worker made."""
   metadata = provenance.run_metadata('experiments.mqar')
+  restored = restore_finished(root, results)
+  if restored:
+    log(f'{root}: {restored} finished runs restored from {results}')
   made = 0
   while True:
     runnable, waiting = grid_lib.zoology_plan(root, grid)

@@ -222,3 +222,6 @@ def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tm
                               poll_seconds=0.0, grid=tiny) == 0
   assert mqar_cmd.write_zoology(config, str(tmp_path / 'empty'), results, runs_dir,
                                 log=lambda *_: None) == 10
+  # A new machine: the run folders are gone, the committed file restores them.
+  assert mqar_cmd.run_zoology(config, str(tmp_path / 'new'), results, runs_dir,
+                              log=lambda *_: None, poll_seconds=0.0, grid=tiny) == 0
