@@ -5,11 +5,14 @@ checks only read static shapes, so they run at trace time and jit users see
 them too. Scalar checks run whenever the value is concrete (a Python number or
 a concrete array); a traced hyper-parameter cannot be inspected and is passed
 through unchecked. Numbers passed as strings (``step_size='0.1'``) are refused,
-not parsed. ``check_finite`` looks at the values of concrete arrays only (eager
-calls; under ``jit`` the inputs are tracers and it does nothing), so it costs
-one device-to-host read per eager call and nothing inside compiled code.
+not parsed. ``check_positive`` and ``check_nonnegative`` refuse NaN and ±inf; a caller
+where +∞ has a meaning (β = ∞, R = ∞) passes ``allow_inf=True``. ``check_finite``
+looks at the values of concrete arrays only (eager calls; under ``jit`` the inputs are
+tracers and it does nothing), so it costs one device-to-host read per eager call and
+nothing inside compiled code.
 """
 
+import math
 from typing import Any, Optional
 
 import jax
@@ -75,17 +78,34 @@ def check_finite(name: str, x: Any) -> None:
         f'{bad.size} entries NaN or inf, shape {a.shape}).')
 
 
+def _describe(value: Any) -> str:
+  """One line for an error message: an array by dtype and shape (its repr can span lines)."""
+  shape, dtype = getattr(value, 'shape', None), getattr(value, 'dtype', None)
+  if shape is not None and dtype is not None and (len(shape) or jax.dtypes.issubdtype(
+      dtype, jax.dtypes.prng_key)):
+    return f'an array of dtype {dtype} and shape {tuple(shape)} ({type(value).__name__})'
+  return f'{value!r} ({type(value).__name__})'
+
+
 def check_key(name: str, key: Any) -> None:
-  """A JAX PRNG key: a typed key (``jax.random.key``) or a raw ``uint32[2]`` one
-  (``jax.random.PRNGKey``); one TypeError naming ``name`` and the value otherwise
-  (instead of jax's "invalid PRNG key data" from inside the call)."""
+  """Exactly one JAX PRNG key: a typed key of shape () (``jax.random.key``) or a raw
+  ``uint32[2]`` one (``jax.random.PRNGKey``); one TypeError naming ``name`` and the value
+  otherwise (instead of jax's "invalid PRNG key data" from inside the call). A batch of keys
+  (``jax.random.split(key, n)``) is refused too: the functions draw from one key, so vmap
+  over the batch instead. Shapes are static, so this also runs under jit and vmap."""
   dtype = getattr(key, 'dtype', None)
-  if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+  typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+  raw = (dtype is not None and not typed and np.dtype(dtype) == np.uint32
+         and np.shape(key)[-1:] == (2,))
+  if (typed and np.shape(key) == ()) or (raw and np.shape(key) == (2,)):
     return
-  if dtype is not None and np.dtype(dtype) == np.uint32 and np.shape(key)[-1:] == (2,):
-    return
-  raise TypeError(f'{name} must be a JAX PRNG key (jax.random.key(seed)), got {key!r} '
-                  f'({type(key).__name__}).')
+  expected = f'{name} must be a JAX PRNG key (jax.random.key(seed))'
+  if typed or raw:
+    shape = np.shape(key)
+    count = math.prod(shape[:-1] if raw else shape)
+    raise TypeError(f'{expected}, got a batch of {count} {"raw " if raw else ""}keys of '
+                    f'shape {shape} ({dtype}); pass one key, or jax.vmap over the batch.')
+  raise TypeError(f'{expected}, got {_describe(key)}.')
 
 
 def check_ids(name: str, ids: Any, high: int, where: Any = None) -> None:
@@ -172,15 +192,26 @@ def check_int(name: str, value: Any, low: int, high: Optional[int] = None) -> in
   return int(value)
 
 
-def check_positive(name: str, value: Any) -> None:
-  """A number > 0 (∞ allowed); NaN, strings and non-scalars are refused."""
+def _check_bound(name: str, value: Any, ok, bound: str, allow_inf: bool) -> None:
   v = _scalar(name, value)
-  if v is not None and not v > 0:  # `not >` also rejects NaN.
-    raise ValueError(f'{name} must be > 0, got {value!r}.')
+  if v is None:
+    return
+  if not ok(v):                         # `not ok` also rejects NaN.
+    raise ValueError(f'{name} must be {bound}, got {value!r}.')
+  if v == math.inf and not allow_inf:
+    raise ValueError(f'{name} must be a finite number {bound}, got {value!r}.')
 
 
-def check_nonnegative(name: str, value: Any) -> None:
-  """A number >= 0 (∞ allowed); NaN, strings and non-scalars are refused."""
-  v = _scalar(name, value)
-  if v is not None and not v >= 0:
-    raise ValueError(f'{name} must be >= 0, got {value!r}.')
+def check_positive(name: str, value: Any, allow_inf: bool = False) -> None:
+  """A finite number > 0; NaN, ±inf, strings and non-scalars are refused.
+
+  ``allow_inf=True`` also lets +∞ through, for the arguments where it means something
+  (an inverse temperature β = ∞: no noise; a radius R = ∞: no projection).
+  """
+  _check_bound(name, value, lambda v: v > 0, '> 0', allow_inf)
+
+
+def check_nonnegative(name: str, value: Any, allow_inf: bool = False) -> None:
+  """A finite number >= 0; NaN, ±inf, strings and non-scalars are refused
+  (``allow_inf=True``: +∞ allowed, as ``check_positive``)."""
+  _check_bound(name, value, lambda v: v >= 0, '>= 0', allow_inf)

@@ -24,9 +24,12 @@ Conventions:
   rounded so that they stay inside the ball (``round_into_ball``: rows that
   round-to-nearest would push outside are rounded toward zero instead).
 * Eager calls refuse NaN/inf particles, gradients and data, and hyper-parameters
-  that are not numbers (``step_size='0.1'``), negative or NaN (λ < 0 included),
-  each with a one-line ``ValueError`` naming the argument and the value; under
-  ``jit`` only the static checks (shapes, Python numbers) run.
+  that are not numbers (``step_size='0.1'``), negative, NaN or infinite (λ < 0
+  included; β = ∞ and R = ∞ are allowed), each with a one-line ``ValueError`` naming
+  the argument and the value; under ``jit`` only the static checks (shapes, Python
+  numbers) run. There ``langevin_transform`` counts instead: its state holds the
+  number of non-finite gradient and particle entries of the last update
+  (``LangevinState.nonfinite_grads``, ``nonfinite_params``), for a driver to stop on.
 
 Three ways in: ``langevin_step`` (one update), ``run_langevin`` (Algorithm 1
 over minibatches with ``lax.scan`` and early stop) and ``langevin_transform``
@@ -40,6 +43,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from coulomb_jax import _checks
@@ -49,10 +53,11 @@ from coulomb_jax import repulsion
 
 
 def _check_step_args(step_size, beta, radius, clip_norm):
-  """η, β, R > 0 and clip_norm > 0 if set: numbers, not NaN (∞ allowed for β and R)."""
+  """η, β, R > 0 and clip_norm > 0 if set: numbers, not NaN; finite but for β = ∞ (no
+  noise) and R = ∞ (no projection). ``clip_norm = None`` is no clipping (∞ is refused)."""
   _checks.check_positive('step_size', step_size)
-  _checks.check_positive('beta', beta)
-  _checks.check_positive('radius', radius)
+  _checks.check_positive('beta', beta, allow_inf=True)
+  _checks.check_positive('radius', radius, allow_inf=True)
   if clip_norm is not None:
     _checks.check_positive('clip_norm', clip_norm)
 
@@ -333,7 +338,7 @@ def gibbs_resample(
     ``(samples [D, d], indices [D])``.
   """
   _checks.check_key('key', key)
-  _checks.check_positive('beta', beta)
+  _checks.check_positive('beta', beta, allow_inf=True)     # β = ∞: the minimisers of U
   _checks.check_nonnegative('lam', lam)
   num_samples = _checks.check_int('num_samples', num_samples, 1)
   for name, a in (('omega', omega), ('x', x), ('y', y)):
@@ -347,9 +352,48 @@ def gibbs_resample(
 
 
 class LangevinState(NamedTuple):
-  """State of ``langevin_transform``: step count and the base key (as ``optax.add_noise``)."""
+  """State of ``langevin_transform``: step count and the base key (as ``optax.add_noise``),
+  and what the last update saw: ``nonfinite_grads``, ``nonfinite_params`` (int32 scalars),
+  the number of NaN/±inf entries of the gradient (before clipping) and of the particles
+  over all leaves (0 before the first update). Counted inside the update, so they are read
+  under ``jit`` too, where the eager ``check_finite`` does nothing; a driver stops on the
+  first non-zero one (the step moves a NaN gradient entry into its particle, silently).
+  A checkpoint written before these two fields restores through ``to_legacy_state`` and
+  ``from_legacy_state``.
+  """
   count: jax.Array
   rng_key: jax.Array
+  nonfinite_grads: jax.Array = np.int32(0)
+  nonfinite_params: jax.Array = np.int32(0)
+
+
+class LegacyLangevinState(NamedTuple):
+  """``LangevinState`` as it was saved before the non-finite counts (two fields)."""
+  count: jax.Array
+  rng_key: jax.Array
+
+
+def to_legacy_state(tree):
+  """``tree`` (an optimiser state, or a template of one) with every ``LangevinState`` as a
+  ``LegacyLangevinState``: the structure of a checkpoint written before the counts, to
+  restore it with (then ``from_legacy_state``)."""
+  return jax.tree.map(lambda s: LegacyLangevinState(s.count, s.rng_key) if isinstance(
+      s, LangevinState) else s, tree, is_leaf=lambda s: isinstance(s, LangevinState))
+
+
+def from_legacy_state(tree):
+  """``tree`` with every ``LegacyLangevinState`` a ``LangevinState`` with zero counts (host
+  int32 scalars: no device placement of their own)."""
+  zero = lambda: np.zeros((), np.int32)
+  return jax.tree.map(lambda s: LangevinState(s.count, s.rng_key, zero(), zero()) if isinstance(
+      s, LegacyLangevinState) else s, tree, is_leaf=lambda s: isinstance(s, LegacyLangevinState))
+
+
+def count_nonfinite(tree) -> jax.Array:
+  """int32 scalar: the NaN/±inf entries over all floating leaves of ``tree`` (0 if none)."""
+  counts = [jnp.sum(~jnp.isfinite(x), dtype=jnp.int32) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+  return sum(counts, jnp.zeros([], jnp.int32))
 
 
 def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius: float,
@@ -369,16 +413,25 @@ def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius:
   particles (``apply_updates`` adds them in float32 and rounds back to the same
   particles, inside the ball). Integer particles are refused: ``apply_updates``
   would truncate the moved particles back to integers.
+
+  The state after an update counts the NaN/±inf entries of that update's ``grads`` and
+  ``params`` (``LangevinState``): under ``jit`` a NaN gradient entry becomes a NaN
+  particle without an error (a NaN global norm clips nothing), so read
+  ``state.nonfinite_grads`` and ``state.nonfinite_params`` (inside ``optax.partition``:
+  ``optax.tree_utils.tree_get(opt_state, 'nonfinite_grads')``) and stop on a non-zero one.
   """
+  _checks.check_key('key', key)
   _check_step_args(step_size, beta, radius, clip_norm)
 
   def init_fn(params):
     del params
-    return LangevinState(count=jnp.zeros([], jnp.int32), rng_key=key)
+    zero = jnp.zeros([], jnp.int32)
+    return LangevinState(count=zero, rng_key=key, nonfinite_grads=zero, nonfinite_params=zero)
 
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError('params: langevin_transform needs the particles (params), got None.')
+    bad_grads, bad_params = count_nonfinite(updates), count_nonfinite(params)
     updates = clip_by_global_norm(updates, clip_norm)
     leaves, treedef = jax.tree.flatten(params)
     grads = treedef.flatten_up_to(updates)
@@ -399,6 +452,7 @@ def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius:
       else:
         new_updates.append(new - p)
     return (jax.tree.unflatten(treedef, new_updates),
-            LangevinState(count=optax.safe_increment(state.count), rng_key=state.rng_key))
+            LangevinState(count=optax.safe_increment(state.count), rng_key=state.rng_key,
+                          nonfinite_grads=bad_grads, nonfinite_params=bad_params))
 
   return optax.GradientTransformation(init_fn, update_fn)

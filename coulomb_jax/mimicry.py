@@ -26,7 +26,9 @@ sets of mimicry training, not for long sequences). Masked keys (``key_mask``
 False) get weight 0 in both rows; their values are replaced by 0 before any
 compute, so they change neither outputs nor gradients, NaN included. Padded query
 rows (``query_mask`` False) are left out of every mean (a loss over a padded batch
-is the loss over its real rows).
+is the loss over its real rows). ``q`` without query rows (a mean over none is NaN) or
+``k`` without keys (a softmax over none) is one ``ValueError`` naming it and its shape;
+``train_hedgehog`` takes exactly one PRNG key (``_checks.check_key``).
 
 **Counting features N.** ``favor`` (and the other separable maps but
 ``softmaxfeat``): M particles ``[M, d]`` → M features. ``hedgehog`` and
@@ -72,6 +74,10 @@ def _check_qk(q, k, key_mask, query_mask=None) -> None:
   if np.shape(q)[:-2] != np.shape(k)[:-2] or np.shape(q)[-1] != np.shape(k)[-1]:
     raise ValueError(f'q and k must be [..., L_q, d] and [..., L_k, d] with the same leading '
                      f'axes and d, got shapes {np.shape(q)} and {np.shape(k)}.')
+  for name, x, what in (('q', q, 'query row'), ('k', k, 'key')):
+    if math.prod(np.shape(x)[:-1]) == 0:
+      raise ValueError(f'{name} must hold at least one {what} (every axis but the last >= 1), '
+                       f'got shape {np.shape(x)}.')
   if key_mask is not None and np.shape(key_mask) != np.shape(k)[:-1]:
     raise ValueError(f'key_mask must have shape {np.shape(k)[:-1]} (k without its last axis), '
                      f'got {np.shape(key_mask)}.')
@@ -379,6 +385,7 @@ def train_hedgehog(key: jax.Array, q: jax.Array, k: jax.Array, num_features: int
   every step takes the full batch (q, k). Returns ``(w [M, d], losses [steps])``
   with ``losses[t]`` the CE at the start of step t.
   """
+  _checks.check_key('key', key)
   _check_qk(q, k, key_mask)
   m = _checks.check_int('num_features', num_features, 1)
   steps = _checks.check_int('steps', steps, 1)
@@ -408,12 +415,13 @@ def gradient_flow(omega0: jax.Array, q: jax.Array, k: jax.Array, *,
   noise: Langevin at β = ∞ without its factor N), P_R the per-particle ball of
   ``radius`` (``None``: no projection). Counting: ``favor`` M particles → M features,
   ``hedgehog``/``softmaxfeat`` M rows → 2M features. Returns
-  ``(omega [M, d], losses [steps])``, ``losses[t]`` = D before step t.
+  ``(omega [M, d], losses [steps])``, ``losses[t]`` = D before step t. ``step_size`` is a
+  finite η > 0; ``radius`` R > 0 (∞ allowed: the same as ``None``).
   """
   _checks.check_positive('step_size', step_size)
   steps = _checks.check_int('steps', steps, 1)
   if radius is not None:
-    _checks.check_positive('radius', radius)
+    _checks.check_positive('radius', radius, allow_inf=True)    # R = ∞: no projection
   energy = lambda w: mimicry_hamiltonian(w, q, k, feature_map=feature_map, lam=0.0,
                                          target=target, key_mask=key_mask)
   energy(omega0)                                  # checks every argument eagerly, once

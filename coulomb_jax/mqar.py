@@ -101,18 +101,21 @@ def mqar_batch(key: jax.Array, num_examples: int, *, vocab_size: int, seq_len: i
   r"""A batch of Zoology MQAR sequences (see the module docstring for the law).
 
   Args:
-    key: PRNG key; the same key gives the same batch.
+    key: one PRNG key (``jax.random.key`` or a raw ``uint32[2]``; an int or a batch of
+      keys is one ``TypeError``); the same key gives the same batch.
     num_examples: B rows.
     vocab_size: V > seq_len; keys ``1..V//2−1``, values ``V//2..V−1``, 0 reserved.
     seq_len: L >= 4·num_pairs.
     num_pairs: P key–value pairs per row (P <= V//2 − 1), each key queried once.
-    power_a: a > 0 of the gap law p(g) ∝ a·(g + 1)^{a−1} over the S = (L − 2P)//2 slots.
+    power_a: a > 0, finite, of the gap law p(g) ∝ a·(g + 1)^{a−1} over the
+      S = (L − 2P)//2 slots.
 
   Returns:
     ``MQARBatch(inputs [B, L] int32, targets [B, L] int32, answer_mask [B, L] bool)``;
     ``targets[b, t]`` is the value paired with the key ``inputs[b, t]`` where
     ``answer_mask[b, t]``, else 0.
   """
+  _checks.check_key('key', key)
   check_mqar_args(num_examples, vocab_size, seq_len, num_pairs, power_a)
   return _mqar(key, int(num_examples), int(vocab_size), int(seq_len), int(num_pairs),
                float(power_a))

@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import traverse_util
 
@@ -177,8 +178,12 @@ def make_phase_a_step(model: nn.Module, optimizer: optax.GradientTransformation,
                       precision=None) -> Callable:
   """``step(state, batch) -> (state, metrics)``: one Langevin move of every particle.
 
-  metrics: ``hamiltonian``, ``alignment``, ``repulsion`` (before the move) and
-  ``max_move`` = max_k ‖Δω_k‖ over all heads and layers (early stopping). With
+  metrics: ``hamiltonian``, ``alignment``, ``repulsion`` (before the move),
+  ``max_move`` = max_k ‖Δω_k‖ over all heads and layers (early stopping), and
+  ``nonfinite_particles`` / ``nonfinite_grads``: ``{'attention_0/particles': int32 [H]}``,
+  the NaN/±inf entries per head of each particle leaf before the move and of its
+  gradient (``nonfinite_counts``; under jit a NaN otherwise spreads to the other heads
+  and layers without an error: a driver stops on the first non-zero count). With
   ``langevin_settings`` (the optimiser's ``step_size``, ``beta``, ``clip_norm``)
   also the per-particle ``drift_to_noise`` and ``repulsion_to_alignment`` ``[P]``
   of this step (``langevin_diagnostics``). ``precision``: the Hamiltonian's
@@ -195,7 +200,9 @@ def make_phase_a_step(model: nn.Module, optimizer: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     moves = [jnp.max(jnp.linalg.norm(u, axis=-1))
              for k, u in traverse_util.flatten_dict(updates).items() if k[-1] == PARTICLES]
-    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)))
+    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)),
+                   nonfinite_particles=nonfinite_counts(state.params),
+                   nonfinite_grads=nonfinite_counts(grads))
     if langevin_settings is not None:
       metrics.update(_force_metrics(state.params, inputs, batch['labels'], batch['weights'],
                                     objective, langevin_settings, None))
@@ -226,7 +233,9 @@ def make_phase_a_layer_step(path: Sequence[str], optimizer: optax.GradientTransf
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     move = traverse_util.flatten_dict(updates)[path + (PARTICLES,)]
-    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.linalg.norm(move, axis=-1)))
+    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.linalg.norm(move, axis=-1)),
+                   nonfinite_particles=nonfinite_counts(state.params, path),
+                   nonfinite_grads=nonfinite_counts(grads, path))
     if langevin_settings is not None:
       metrics.update(_force_metrics(state.params, inputs, labels, weights, objective,
                                     langevin_settings, path))
@@ -240,6 +249,35 @@ def particle_leaves(tree, only: Optional[Sequence[str]] = None) -> Dict[Tuple[st
   only = None if only is None else tuple(only)
   return {k[:-1]: v for k, v in traverse_util.flatten_dict(tree).items()
           if k[-1] == PARTICLES and (only is None or k[:-1] == only)}
+
+
+def nonfinite_counts(tree, only: Optional[Sequence[str]] = None) -> Dict[str, jax.Array]:
+  """``{'attention_0/particles': int32 [H]}``: NaN/±inf entries of each ``particles`` leaf
+  ``[H, M, D_h]`` of ``tree`` (the params, or their gradients), per head: summed over the
+  last two axes. Keyed by the leaf's path joined with ``/``; ``only``: that module alone.
+  Traceable: what a jitted step reports (``make_phase_a_step``)."""
+  return {'/'.join(path + (PARTICLES,)): jnp.sum(~jnp.isfinite(leaf), axis=(-2, -1),
+                                                 dtype=jnp.int32)
+          for path, leaf in particle_leaves(tree, only).items()}
+
+
+def first_nonfinite(metrics) -> Optional[Tuple[str, str, int, int]]:
+  """``(what, leaf, head, count)`` of the first non-zero count of a step's metrics, else None.
+
+  Particles before gradients (a NaN particle makes the gradients of its head, and through
+  the encoder those of the layers above, NaN too), leaves in layer order
+  (``attention_2`` before ``attention_10``); ``what`` is ``'particles'`` or ``'gradient'``,
+  ``head`` the first head with a non-finite entry and ``count`` its entries. Reads
+  ``nonfinite_particles`` / ``nonfinite_grads`` (host arrays: ``jax.device_get`` them first).
+  """
+  for what, name in (('particles', 'nonfinite_particles'), ('gradient', 'nonfinite_grads')):
+    counts = metrics.get(name, {})
+    for leaf in sorted(counts, key=lambda k: _natural_key(k.split('/'))):
+      per_head = np.asarray(counts[leaf]).reshape(-1)
+      heads = np.flatnonzero(per_head)
+      if heads.size:
+        return what, leaf, int(heads[0]), int(per_head[heads[0]])
+  return None
 
 
 def phase_a_forces(params, inputs, labels, weights, *, feature_map, lam: float, s,

@@ -355,3 +355,27 @@ class LangevinVariantsTest(chex.TestCase):
                                        radius=1.5)
       updates, _ = self.variant(tx.update)(omega, tx.init(omega), omega)
       chex.assert_type(updates, dtype)
+
+
+def test_a_state_saved_before_the_counts_restores_with_zero_counts():
+  from flax import serialization  # pylint: disable=g-import-not-at-top
+  tx = optax.partition({'particles': langevin.langevin_transform(   # raw key: msgpack
+      jax.random.PRNGKey(0), step_size=0.1, beta=1.0, radius=1.0), 'rest': optax.set_to_zero()},
+                       {'w': 'particles', 'b': 'rest'})
+  params = {'w': jnp.ones((4, 3)), 'b': jnp.ones(2)}
+  state = tx.init(params)
+  _, moved = jax.jit(tx.update)({'w': jnp.full((4, 3), jnp.nan), 'b': jnp.ones(2)}, state,
+                                params)
+  assert int(optax.tree_utils.tree_get(moved, 'nonfinite_grads')) == 12
+  legacy = langevin.to_legacy_state(moved)              # what an older checkpoint holds
+  assert isinstance(legacy.inner_states['particles'].inner_state, langevin.LegacyLangevinState)
+  blob = serialization.msgpack_restore(
+      serialization.msgpack_serialize(serialization.to_state_dict(legacy)))
+  with pytest.raises(ValueError, match='nonfinite_grads'):
+    serialization.from_state_dict(state, blob)
+  restored = langevin.from_legacy_state(
+      serialization.from_state_dict(langevin.to_legacy_state(state), blob))
+  assert jax.tree.structure(restored) == jax.tree.structure(state)
+  assert int(optax.tree_utils.tree_get(restored, 'count')) == 1
+  assert int(optax.tree_utils.tree_get(restored, 'nonfinite_grads')) == 0
+  jax.jit(tx.update)(params, restored, params)          # the same compiled structure

@@ -32,9 +32,11 @@ KL(softmax ‖ linear) (``phase_a_mimicry.heldout_attention_kl``, ``heldout_kl``
 held-out rows' tokens, and there is no shuffled-label null (the target uses no
 labels); the stage summary says so under ``null_run``.
 
-A step whose largest move or Hamiltonian is not finite stops the run with one
-``FloatingPointError`` naming the stage, the step, and the first particle leaf and head
-holding NaN/inf (``checkpoints.non_finite_particles``), before anything is saved.
+A step with a non-finite particle or particle gradient (the counts the jitted step
+reports, ``training.nonfinite_counts``), or whose largest move or Hamiltonian is not
+finite, stops the run with one ``FloatingPointError`` naming the stage, the step, and the
+first particle leaf and head holding NaN/inf (``training.first_nonfinite``, else
+``checkpoints.non_finite_particles``), before anything is saved.
 """
 
 import itertools
@@ -316,18 +318,27 @@ def _calibrated_step(run, index, stage, what):
 
 
 def _check_finite(what: str, step: str, state, m, saved_step: int) -> None:
-  """One ``FloatingPointError`` if a step's largest move or Hamiltonian is not finite,
-  naming the first particle leaf and head holding NaN/inf; raised before any save."""
-  if np.isfinite(m['max_move']) and np.isfinite(m['hamiltonian']):
+  """One ``FloatingPointError`` at the first non-finite count of a step's metrics
+  (``training.first_nonfinite``: the step's particles, then their gradients, naming the
+  leaf and head), or if its largest move or Hamiltonian is not finite (naming the first
+  particle leaf and head holding NaN/inf after the step); raised before any save. The leaf
+  names the layer (``attention_0/particles``: the first attention module)."""
+  first = training.first_nonfinite(m)
+  if first is None and np.isfinite(m['max_move']) and np.isfinite(m['hamiltonian']):
     return
-  bad = checkpoints.non_finite_particles(state.params)
+  if first is not None:
+    kind, leaf, head, count = first
+    where = (f'{leaf} head {head} holds {count} non-finite value(s) at the step start'
+             if kind == 'particles' else
+             f'the gradient of {leaf} head {head} holds {count} non-finite value(s)')
+  else:
+    bad = checkpoints.non_finite_particles(state.params)
+    where = (f'{bad[0]} head {bad[1]} holds {bad[2]} non-finite value(s)' if bad else
+             f'the Hamiltonian is {float(m["hamiltonian"])} and the largest move '
+             f'{float(m["max_move"])}')
   raise FloatingPointError(
-      f'{what} step {step}: ' +
-      (f'{bad[0]} head {bad[1]} holds {bad[2]} non-finite value(s)' if bad else
-       f'the Hamiltonian is {float(m["hamiltonian"])} and the largest move '
-       f'{float(m["max_move"])}') +
-      f'; stopped before saving (the last checkpoint, Phase A step {saved_step}, is kept). '
-      'Lower phase_a.relative_step, or check the inputs.')
+      f'{what} step {step}: {where}; stopped before saving (the last checkpoint, Phase A '
+      f'step {saved_step}, is kept). Lower phase_a.relative_step, or check the inputs.')
 
 
 def run_phase_a(run: stages.Run, index: int, stage) -> bool:
