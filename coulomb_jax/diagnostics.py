@@ -100,7 +100,7 @@ def free_energy(energy: jax.Array, points: jax.Array, beta: float, k: int = 1) -
   """
   _checks.check_rank('energy', energy, 0)
   _checks.check_particles('points', points)
-  _checks.check_positive('beta', beta)
+  _checks.check_positive('beta', beta, allow_inf=True)
   energy = jnp.asarray(energy, _compute_dtype(energy))
   if _checks.concrete_float(beta) == math.inf:
     _checks.check_int('k', k, 1, points.shape[0] - 1)

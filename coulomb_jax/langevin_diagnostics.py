@@ -65,7 +65,7 @@ def _num_particles(tree) -> jax.Array:
 def noise_scale(step_size: float, beta: float, dim: int) -> float:
   """σ = √(2η/β)·√d: the RMS norm of one step's noise √(2η/β)·ξ, ξ ∼ N(0, I_d); 0 at β = ∞."""
   _checks.check_positive('step_size', step_size)
-  _checks.check_positive('beta', beta)
+  _checks.check_positive('beta', beta, allow_inf=True)
   return math.sqrt(2.0 * step_size / beta * dim)
 
 
@@ -143,7 +143,7 @@ def potential_range(potentials: jax.Array) -> jax.Array:
 
 def gibbs_tilt(potentials: jax.Array, beta: float) -> jax.Array:
   """``[...]``: β·(max U − min U): how far exp(−βU) is from flat over the probes."""
-  _checks.check_positive('beta', beta)
+  _checks.check_positive('beta', beta, allow_inf=True)
   return beta * potential_range(potentials)
 
 

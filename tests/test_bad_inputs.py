@@ -284,7 +284,8 @@ CASES = [
     ('kernel attention rff', lambda t: _kernel_attention(feature_map='rff'),
      ValueError, r"^feature_map: 'rff' is not non-negative"),
     ('kernel attention unknown map', lambda t: _kernel_attention(feature_map='relu'),
-     ValueError, rf"^feature_map must be one of {ATTENTION_MAPS}, got 'relu'\.$"),
+     ValueError, rf"^feature_map must be one of {ATTENTION_MAPS[:-2]}, 'taylor'\), "
+                 r"got 'relu'\.$"),
     ('kernel attention qk_mode', lambda t: _kernel_attention(qk_mode='both'),
      ValueError, r"^qk_mode must be one of \('shared', 'projected'\), got 'both'\.$"),
     ('kernel attention width', lambda t: _kernel_attention(x=jnp.ones((2, 5, 5))),

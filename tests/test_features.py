@@ -230,8 +230,10 @@ def test_every_map_shape_scale_dtype_and_transforms(name):
   x = jax.random.normal(jax.random.key(8), (3, 5, 6))
   phi = fm(x, omega)
   width = 24 if name in ('rff', 'softmaxfeat', 'hedgehog') else 12
+  width = 1 + 12 + 144 if name == 'taylor' else width
   assert phi.shape == (3, 5, width) and phi.dtype == jnp.float32
-  if name != 'rff':
+  assert width == features.num_features(name, 12)
+  if name not in ('rff', 'taylor'):     # signed features (taylor: a positive kernel)
     assert np.all(phi >= 0)
     if name != 'cos2':
       assert np.all(phi > 0)
@@ -322,7 +324,11 @@ class FeatureMapVariantsTest(chex.TestCase):
            'elu': np.where(s > 0, s + 1, np.exp(s)), 'softplus': np.log1p(np.exp(s)),
            'sigmoid2': sig ** 2, 'cos2': np.cos(s) ** 2,
            'softmaxfeat': 12 * np.exp(both) / np.exp(both).sum(-1, keepdims=True),
-           'porf_softplus': np.log1p(np.exp(s - half)), 'hedgehog': np.exp(both) / np.sqrt(2)}[name]
+           'porf_softplus': np.log1p(np.exp(s - half)), 'hedgehog': np.exp(both) / np.sqrt(2),
+           # taylor is not scaled by 1/√N (its kernel is the polynomial itself): × √6 here.
+           'taylor': np.sqrt(6) * np.concatenate(
+               [np.ones((4, 1)), s / 6 ** 0.25,
+                (s[:, :, None] * s[:, None, :]).reshape(4, 36) / np.sqrt(12)], -1)}[name]
     chex.assert_shape(phi, psi.shape)
     chex.assert_type(phi, jnp.float32)
     chex.assert_trees_all_close(phi, psi / np.sqrt(6), rtol=1e-5, atol=1e-6)
