@@ -58,10 +58,15 @@ from coulomb_jax.attention_core import (DEFAULT_EPS, PRECISIONS, causal_linear_a
 from coulomb_jax.attention_core import (
     xla_materialized_causal_attention as materialized_causal_attention)
 
-__all__ = ['DEFAULT_EPS', 'IMPLEMENTATIONS', 'PRECISIONS', 'causal_linear_attention',
+__all__ = ['CAUSAL_PATHS', 'DEFAULT_EPS', 'IMPLEMENTATIONS', 'PRECISIONS', 'causal_linear_attention',
            'check_fused_inputs', 'fused_causal_linear_attention', 'fused_linear_attention',
            'linear_attention', 'materialized_causal_attention',
            'materialized_causal_linear_attention']
+
+CAUSAL_PATHS = ('fused', 'materialized')
+"""The causal paths a layer picks by name (``KernelAttention.causal_path``,
+``flax_attention.kernel_attention_fn``): ``fused_causal_linear_attention`` (chunked, exact at
+any input scale) or ``materialized_causal_attention`` (the L×L weights in matmuls)."""
 
 IMPLEMENTATIONS = ('auto', 'xla', 'pallas')
 """``fused_linear_attention``'s and ``fused_causal_linear_attention``'s paths."""

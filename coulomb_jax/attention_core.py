@@ -44,10 +44,14 @@ def check_eps(eps) -> float:
   return eps
 
 
-def _check(q_feat, k_feat, v, key_mask):
+def _check(q_feat, k_feat, v, key_mask, same_length=True):
   for name, a in (('q_feat', q_feat), ('k_feat', k_feat), ('v', v)):
     _checks.check_rank(name, a, 4)
-  if q_feat.shape[:3] != k_feat.shape[:3] or q_feat.shape[3] != k_feat.shape[3]:
+  if not same_length and (q_feat.shape[0], q_feat.shape[2:]) != (k_feat.shape[0],
+                                                                 k_feat.shape[2:]):
+    raise ValueError(f'q_feat and k_feat must be [B, L_q, H, F] and [B, L_k, H, F], got '
+                     f'{q_feat.shape} and {k_feat.shape}.')
+  if same_length and q_feat.shape != k_feat.shape:
     raise ValueError(f'q_feat and k_feat must have the same shape [B, L, H, F], got '
                      f'{q_feat.shape} and {k_feat.shape}.')
   if v.shape[:3] != k_feat.shape[:3]:
@@ -80,13 +84,13 @@ def _prepare(q_feat, k_feat, v, key_mask):
 def linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
                      key_mask: Optional[jax.Array] = None, *,
                      eps: float = DEFAULT_EPS, precision=None) -> jax.Array:
-  r"""Bidirectional linear attention, ``[B, L, H, D]``.
+  r"""Bidirectional linear attention, ``[B, L_q, H, D]`` (L_q = L_k for self-attention).
 
   Args:
-    q_feat: ``[B, L, H, F]`` query features φ(q) (non-negative).
-    k_feat: ``[B, L, H, F]`` key features φ(k).
-    v: ``[B, L, H, D]`` values.
-    key_mask: optional ``[B, L]`` bool, True for real tokens.
+    q_feat: ``[B, L_q, H, F]`` query features φ(q) (non-negative).
+    k_feat: ``[B, L_k, H, F]`` key features φ(k).
+    v: ``[B, L_k, H, D]`` values.
+    key_mask: optional ``[B, L_k]`` bool, True for real keys.
     eps: denominator guard.
     precision: of every matrix product (``jax.lax.Precision``, one of ``PRECISIONS``,
       or None). None (default) is the backend's default: exact float32 on CPU, but
@@ -94,7 +98,7 @@ def linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
       Triton alike) and a single bf16 pass on TPU, where the documented accuracy
       (measured on CPU) does not hold; ``'highest'`` keeps float32 there.
   """
-  _check(q_feat, k_feat, v, key_mask)
+  _check(q_feat, k_feat, v, key_mask, same_length=False)
   check_eps(eps)
   ein = _einsum(precision)
   out_dtype = v.dtype

@@ -18,8 +18,14 @@ feature (over real keys) and one per query row, which cancel in the attention
 ratio and keep its denominator ≥ 1/M, so the output is the kernel's exact ratio at
 any input scale.
 
-Masks are ``[B, L]`` bool, True on real tokens; a mask of another shape is refused
-with a ValueError naming both shapes.
+Masks are ``[B, L]`` bool, True on real tokens; ``KernelAttention`` also takes flax's
+``[B, 1 | H, L_q, L_k]`` attention masks (padding, or causal padding with ``causal=True``:
+``flax_attention.key_mask_of``). A mask of another shape is refused with a ValueError
+naming both shapes.
+
+In your own ``@nn.compact`` module, ``particles_param(self, num_heads, num_features,
+head_dim)`` creates the particles under the name the optimisers look for
+(``training.phase_a_optimizer`` moves only leaves named ``particles``).
 """
 
 import functools
@@ -32,10 +38,14 @@ import jax.numpy as jnp
 from coulomb_jax import _checks
 from coulomb_jax import attention
 from coulomb_jax import features
+from coulomb_jax import flax_attention
 from coulomb_jax import langevin
 
+PARTICLES = 'particles'
+"""The parameter name of the particles: the optimisers' label functions select it."""
+
 QK_MODES = ('shared', 'projected')
-CAUSAL_PATHS = ('fused', 'materialized')
+CAUSAL_PATHS = attention.CAUSAL_PATHS
 """``KernelAttention(causal=True)``'s paths: chunked and exact at any scale, or L×L matmuls."""
 ATTENTION_KINDS = ('kernel', 'softmax', 'linformer')
 
@@ -83,6 +93,26 @@ def init_particles(key, shape, dtype=jnp.float32, *, orthogonal=False, radius=No
   return omega
 
 
+def particles_param(module: nn.Module, num_heads: int, num_features: int, head_dim: int, *,
+                    orthogonal: bool = False, identity: bool = False,
+                    radius: Optional[float] = None) -> jax.Array:
+  """The ``[H, M, D_h]`` particles as a parameter of ``module`` (call inside ``@nn.compact``).
+
+  Drawn by ``init_particles`` (N(0, I) rows; ``orthogonal``: block-orthogonal per head;
+  ``identity``: Hedgehog's identity rows; ``radius``: projected onto that ball), under the
+  name ``particles`` that ``training.phase_a_optimizer`` / ``phase_b_optimizer`` select.
+  Give them to ``flax_attention.kernel_attention_fn(omega)`` inside the same module. M
+  particles give ``features.num_features(feature_map, M)`` features (2M for ``hedgehog``
+  and ``softmaxfeat``). One set per module: a module that needs two holds two submodules.
+  """
+  for arg, value in (('num_heads', num_heads), ('num_features', num_features),
+                     ('head_dim', head_dim)):
+    _checks.check_int(arg, value, 1)
+  init = functools.partial(init_particles, orthogonal=orthogonal, radius=radius,
+                           identity=identity)
+  return module.param(PARTICLES, init, (num_heads, num_features, head_dim))
+
+
 class KernelAttention(nn.Module):
   """Multi-head linear attention with a particle feature map.
 
@@ -94,7 +124,8 @@ class KernelAttention(nn.Module):
       stored, on the materialised and chunked paths). ``hedgehog`` and ``softmaxfeat``
       give 2M features from M particles, ``taylor`` 1 + M + M².
     num_features: M particles per head.
-    qk_mode: ``"shared"`` (Q = K = x, no W_q/W_k) or ``"projected"``.
+    qk_mode: ``"projected"`` (the default: q = x W_q, k = x W_k, as dot-product attention)
+      or ``"shared"`` (Q = K = x, no W_q/W_k: the paper's encoder, which sets it).
     orthogonal: draw the initial particles with ``features.sample_orthogonal``.
     identity_init: start every head's particles at the identity rows (Hedgehog's W).
     init_radius: project the initial particles onto the ball of this radius.
@@ -112,7 +143,7 @@ class KernelAttention(nn.Module):
   num_heads: int
   feature_map: str = 'favor'
   num_features: int = 256
-  qk_mode: str = 'shared'
+  qk_mode: str = 'projected'
   orthogonal: bool = False
   causal: bool = False
   chunk_size: Optional[int] = None
@@ -121,8 +152,15 @@ class KernelAttention(nn.Module):
   identity_init: bool = False
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
-    """``x: [B, L, E]``, ``mask: [B, L]`` (True for real tokens) → ``[B, L, E]``."""
+  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None, *,
+               inputs_kv: Optional[jax.Array] = None) -> jax.Array:
+    """``x: [B, L, E]`` → ``[B, L, E]``.
+
+    ``mask``: ``[B, L]`` (True for real tokens; with ``inputs_kv``: ``[B, L_kv]``, its
+    real keys) or flax's ``[B, 1 | H, L, L_kv]`` (``nn.make_attention_mask``; with
+    ``causal``, ``nn.combine_masks(nn.make_causal_mask(x), ...)``). ``inputs_kv``:
+    ``[B, L_kv, E]`` keys and values for cross-attention (not causal); queries from x.
+    """
     if self.qk_mode not in QK_MODES:
       raise ValueError(f'qk_mode must be one of {QK_MODES}, got {self.qk_mode!r}.')
     if self.feature_map == 'rff':
@@ -131,21 +169,36 @@ class KernelAttention(nn.Module):
     maps = features.KERNEL_ATTENTION_MAPS + features.SIGNED_ATTENTION_MAPS
     if self.feature_map not in maps:
       raise ValueError(f'feature_map must be one of {maps}, got {self.feature_map!r}.')
+    _checks.check_rank('x', x, 3)
     b, length, width = x.shape
-    check_mask(mask, (b, length))
+    kv = x if inputs_kv is None else inputs_kv
+    if inputs_kv is not None:
+      if self.causal:
+        raise ValueError('inputs_kv: cross-attention is not causal; got causal=True.')
+      if self.chunk_size is not None:
+        raise ValueError('inputs_kv: cross-attention runs on stored features; got '
+                         f'chunk_size={self.chunk_size} (set None).')
+      _checks.check_rank('inputs_kv', inputs_kv, 3)
+      if inputs_kv.shape[0] != b or inputs_kv.shape[2] != width:
+        raise ValueError(f'inputs_kv must be [B, L_kv, E] with B, E of x {x.shape}, got '
+                         f'{inputs_kv.shape}.')
     if width % self.num_heads:
       raise ValueError(f'input width {width} is not divisible by num_heads={self.num_heads}.')
+    if mask is not None and jnp.ndim(mask) == 4:
+      mask, _ = flax_attention.key_mask_of(mask, b, self.num_heads, length, kv.shape[1],
+                                           causal=self.causal)
+    check_mask(mask, kv.shape[:2])
     head_dim = width // self.num_heads
-    particles = self.param(
-        'particles', functools.partial(init_particles, orthogonal=self.orthogonal,
-                                       radius=self.init_radius, identity=self.identity_init),
-        (self.num_heads, self.num_features, head_dim))
+    particles = particles_param(self, self.num_heads, self.num_features, head_dim,
+                                orthogonal=self.orthogonal, identity=self.identity_init,
+                                radius=self.init_radius)
     dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, head_dim))
     if self.qk_mode == 'shared':
-      q = k = x.reshape(b, length, self.num_heads, head_dim)
+      q = x.reshape(b, length, self.num_heads, head_dim)
+      k = kv.reshape(b, kv.shape[1], self.num_heads, head_dim)
     else:
-      q, k = dense(name='query')(x), dense(name='key')(x)
-    v = dense(name='value')(x)
+      q, k = dense(name='query')(x), dense(name='key')(kv)
+    v = dense(name='value')(kv)
     scale = head_dim ** -0.25
     # One feature map per head: vmap over the head axis of inputs and particles.
     # Phase A's data: the per-head mean over real tokens of the (scaled) keys,

@@ -52,8 +52,9 @@ from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import langevin_diagnostics
+from coulomb_jax import models
 
-PARTICLES = 'particles'
+PARTICLES = models.PARTICLES
 PHASE_A_INPUTS = 'phase_a_inputs'
 PHASE_A_TARGETS = ('labels', 'softmax')
 """What Phase A moves the particles towards (``config.phase_a.target``): the labels

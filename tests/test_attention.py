@@ -111,8 +111,10 @@ def test_bad_input():
   q, k, v = _inputs(jax.random.key(7))
   with pytest.raises(ValueError, match='q_feat must have rank 4'):
     attention.linear_attention(q[0], k, v)
+  with pytest.raises(ValueError, match=r'\[B, L_q, H, F\] and \[B, L_k, H, F\]'):
+    attention.linear_attention(q[:, :, :1], k, v)
   with pytest.raises(ValueError, match='same shape'):
-    attention.linear_attention(q[:, :5], k, v)
+    attention.causal_linear_attention(q[:, :5], k, v)
   with pytest.raises(ValueError, match='v must be'):
     attention.linear_attention(q, k, v[:, :5])
   with pytest.raises(ValueError, match=r'key_mask must have shape \[B, L\]'):
