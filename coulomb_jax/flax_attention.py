@@ -46,6 +46,13 @@ from coulomb_jax import mimicry
 
 CAUSAL_PATHS = attention.CAUSAL_PATHS
 
+PHASE_A_INPUTS = 'phase_a_inputs'
+"""Sown (collection ``intermediates``) by the kernel layers: the per-head mean over real
+keys of the scaled keys, ``[B, H, D_h]``, the label target's data (``training``)."""
+MIMICRY_INPUTS = 'mimicry_inputs'
+"""Sown by the kernel layers: the unscaled per-head ``(q, k)``, each ``[B, L, H, D_h]``,
+the softmax target's data (``phase_a_mimicry``)."""
+
 
 MASK_ERROR = (
     'mask: kernel attention honours padding masks (mask[b, h, i, j] = query_i & key_j) '
@@ -122,7 +129,7 @@ def _patterns(m, xp, causal):
 def kernel_attention_fn(omega: jax.Array, feature_map: str = 'favor', *,
                         causal: bool = False, causal_path: str = 'fused',
                         chunk_size: int = 16, eps: float = attention_core.DEFAULT_EPS,
-                        mask_check: str = 'callback'):
+                        mask_check: str = 'callback', sow_into=None):
   r"""A ``flax.linen.dot_product_attention``-compatible linear attention with particles ``omega``.
 
   Args:
@@ -142,6 +149,11 @@ def kernel_attention_fn(omega: jax.Array, feature_map: str = 'favor', *,
     mask_check: for a traced mask, ``'callback'`` (a host callback raises ``MASK_ERROR``
       when the program runs) or ``'nan'`` (NaN outputs instead: for programs lowered for
       another platform than the host's, which cannot hold a host callback).
+    sow_into: the flax module that holds ``omega`` (made by ``models.particles_param``
+      inside its ``@nn.compact`` method; pass ``self``). The function then sows the two
+      targets' data there, ``PHASE_A_INPUTS`` and ``MIMICRY_INPUTS``, as
+      ``KernelAttention`` does, so that ``training.make_phase_a_step`` finds each layer's
+      data beside its particles. None: nothing is sown (Phase A cannot run on it).
 
   Returns:
     ``attention_fn(query [B, L_q, H, D], key [B, L_k, H, D], value [B, L_k, H, D_v],
@@ -187,6 +199,11 @@ def kernel_attention_fn(omega: jax.Array, feature_map: str = 'favor', *,
                                mask_check=mask_check)
     w = jnp.broadcast_to(omega, (h,) + omega.shape[-2:])
     scale = d ** -0.25
+    if sow_into is not None:
+      sow_into.sow('intermediates', MIMICRY_INPUTS, (query, key))
+      real = key_mask[:, :, None, None].astype(jnp.promote_types(key.dtype, jnp.float32))
+      pooled = jnp.sum(key * scale * real, axis=1) / jnp.maximum(jnp.sum(real, axis=1), 1.0)
+      sow_into.sow('intermediates', PHASE_A_INPUTS, pooled.astype(key.dtype))
     if causal:
       path = (attention.materialized_causal_attention if causal_path == 'materialized' else
               functools.partial(attention.fused_causal_linear_attention, chunk_size=chunk_size))

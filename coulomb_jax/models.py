@@ -205,9 +205,9 @@ class KernelAttention(nn.Module):
     # ``[B, H, D_h]``; collected with ``mutable=['intermediates']``.
     # The mimicry target's data (``coulomb_jax.mimicry``): the unscaled per-head queries
     # and keys, ``([B, L, H, D_h], [B, L, H, D_h])``; a no-op unless collected.
-    self.sow('intermediates', 'mimicry_inputs', (q, k))
+    self.sow('intermediates', flax_attention.MIMICRY_INPUTS, (q, k))
     q, k = q * scale, k * scale
-    self.sow('intermediates', 'phase_a_inputs', masked_mean(k, mask, axis=1))
+    self.sow('intermediates', flax_attention.PHASE_A_INPUTS, masked_mean(k, mask, axis=1))
     if self.causal_path not in CAUSAL_PATHS:
       raise ValueError(f'causal_path must be one of {CAUSAL_PATHS}, got {self.causal_path!r}.')
     if self.feature_map in features.SIGNED_ATTENTION_MAPS:

@@ -23,27 +23,33 @@ import optax
 from flax import traverse_util
 
 from coulomb_jax import features
+from coulomb_jax import flax_attention
 from coulomb_jax import langevin_diagnostics
 from coulomb_jax import mimicry
 from coulomb_jax import repulsion
-from coulomb_jax.training import PARTICLES, TrainState, forward, particle_leaves
+from coulomb_jax.training import PARTICLES, TrainState, particle_leaves, sown
 
-MIMICRY_INPUTS = 'mimicry_inputs'
-"""The name ``models.KernelAttention`` sows the unscaled per-head (q, k) under."""
+MIMICRY_INPUTS = flax_attention.MIMICRY_INPUTS
+"""The name the kernel layers sow the unscaled per-head (q, k) under."""
 
 
-def mimicry_inputs(model: nn.Module, params, batch) -> Dict[Tuple[str, ...], Tuple[Any, Any]]:
-  """``{path of the attention module: (q, k)}``, each ``[B, L, H, D_h]`` (unscaled; no gradient)."""
-  _, state = forward(model, params, batch, deterministic=True, mutable=['intermediates'])
-  flat = traverse_util.flatten_dict(state.get('intermediates', {}))
-  return {k[:-1]: jax.tree.map(jax.lax.stop_gradient, tuple(v[0])) for k, v in flat.items()
-          if k[-1] == MIMICRY_INPUTS}
+def mimicry_inputs(model: nn.Module, params, batch, *, inputs: Optional[Callable] = None,
+                   apply_kwargs: Optional[Dict[str, Any]] = None
+                   ) -> Dict[Tuple[str, ...], Tuple[Any, Any]]:
+  """``{path of the attention module: (q, k)}``, each ``[B, L, H, D_h]`` (unscaled; no
+  gradient); ``inputs`` / ``apply_kwargs`` as ``training.make_phase_a_step``."""
+  out = sown(model, params, batch, MIMICRY_INPUTS, inputs=inputs, apply_kwargs=apply_kwargs)
+  return {k: tuple(v) for k, v in out.items()}
 
 
 def token_mask(batch) -> jax.Array:
   """``[B, L]`` bool: the real tokens of the real rows (``mask`` and ``weights > 0``)."""
-  return jnp.logical_and(jnp.asarray(batch['mask'], bool),
-                         (jnp.asarray(batch['weights']) > 0)[:, None])
+  try:
+    mask, weights = batch['mask'], batch['weights']
+  except (KeyError, TypeError):
+    raise ValueError("mask: the batch has no 'mask' and 'weights'; pass mask=lambda batch: "
+                     '[B, L] real tokens to the step builder.') from None
+  return jnp.logical_and(jnp.asarray(mask, bool), (jnp.asarray(weights) > 0)[:, None])
 
 
 def _query_mean(fn, omega, q, k, mask, feature_map):
@@ -123,8 +129,10 @@ def phase_a_mimicry_forces(params, inputs, mask, *, feature_map, lam: float, s,
 def make_phase_a_mimicry_step(model: nn.Module, optimizer: optax.GradientTransformation, *,
                               feature_map, lam: float, s, softening: float,
                               only: Optional[Sequence[str]] = None,
-                              langevin_settings: Optional[Dict[str, float]] = None
-                              ) -> Callable:
+                              langevin_settings: Optional[Dict[str, float]] = None,
+                              inputs: Optional[Callable] = None,
+                              mask: Optional[Callable] = None,
+                              apply_kwargs: Optional[Dict[str, Any]] = None) -> Callable:
   """``step(state, batch) -> (state, metrics)``: one Langevin move on the softmax target.
 
   ``make_phase_a_step`` with ``phase_a_mimicry_objective`` on the batch's own
@@ -133,16 +141,18 @@ def make_phase_a_mimicry_step(model: nn.Module, optimizer: optax.GradientTransfo
   only=path)``): the layer-wise stages, on the inputs of the layers below as they
   are. Metrics: ``hamiltonian``, ``cross_entropy``, ``repulsion``, ``max_move`` and
   with ``langevin_settings`` ``drift_to_noise`` and ``repulsion_to_alignment``
-  (λ‖∇W‖/‖∇CE‖) ``[P]``.
+  (λ‖∇W‖/‖∇CE‖) ``[P]``. ``inputs``, ``mask`` and ``apply_kwargs``: as
+  ``training.make_phase_a_step`` (the public builder; ``target='softmax'`` calls this).
   """
   kw = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
   only = None if only is None else tuple(only)
+  token_mask_of = token_mask if mask is None else mask
 
   def step(state: TrainState, batch):
-    inputs = mimicry_inputs(model, state.params, batch)
+    data = mimicry_inputs(model, state.params, batch, inputs=inputs, apply_kwargs=apply_kwargs)
     if only is not None:
-      inputs = {only: inputs[only]}
-    h, aux, g_ce, g_w = _mimicry_grads(state.params, inputs, token_mask(batch), kw)
+      data = {only: data[only]}
+    h, aux, g_ce, g_w = _mimicry_grads(state.params, data, token_mask_of(batch), kw)
     grads = jax.tree.map(lambda a, b: a + lam * b, g_ce, g_w)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -27,6 +27,15 @@ Both optimisers are one ``optax.partition`` over the labels of
 ``partition_labels``. Steps take the key first-class: dropout uses
 ``fold_in(key, step)``.
 
+**Any Flax model.** The step builders take the model's inputs as functions of the batch:
+``inputs(batch)`` gives the positional arguments of ``model.apply`` after the variables
+(default ``encoder_inputs``: ``models.EncoderClassifier``'s ``ids, segments, mask``),
+``apply_kwargs`` its keyword arguments (default for the encoder: ``deterministic``),
+``labels`` / ``weights`` / ``mask`` what each target reads. They work for any model whose
+attention layers are ``models.KernelAttention`` or
+``flax_attention.kernel_attention_fn(omega, sow_into=self)`` with ω from
+``models.particles_param``: those layers sow each target's data beside their particles.
+
 **Layer-wise Phase A** (``make_phase_a_layer_step``, ``attention_paths``): the
 same Hamiltonian, minimised one layer at a time. Because r_{l,h} is treated as
 data, layer l's term depends on the particles of layers < l only through its
@@ -49,13 +58,14 @@ import optax
 from flax import traverse_util
 
 from coulomb_jax import features
+from coulomb_jax import flax_attention
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import langevin_diagnostics
 from coulomb_jax import models
 
 PARTICLES = models.PARTICLES
-PHASE_A_INPUTS = 'phase_a_inputs'
+PHASE_A_INPUTS = flax_attention.PHASE_A_INPUTS
 PHASE_A_TARGETS = ('labels', 'softmax')
 """What Phase A moves the particles towards (``config.phase_a.target``): the labels
 (``phase_a_objective``) or softmax attention (``phase_a_mimicry_objective``)."""
@@ -130,17 +140,87 @@ def phase_b_optimizer(*, learning_rate: float, warmup_steps: int, total_steps: i
   return optax.partition({PARTICLES: optax.set_to_zero(), 'rest': rest}, partition_labels)
 
 
-def forward(model: nn.Module, params, batch, **kwargs):
-  return model.apply({'params': params}, batch['ids'], batch['segments'], batch['mask'],
-                     **kwargs)
+def encoder_inputs(batch) -> tuple:
+  """``models.EncoderClassifier``'s positional inputs: ``(ids, segments, mask)``."""
+  return tuple(_field(batch, name, 'inputs') for name in ('ids', 'segments', 'mask'))
 
 
-def phase_a_inputs(model: nn.Module, params, batch) -> Dict[Tuple[str, ...], jax.Array]:
-  """``{path of the attention module: r [B, H, D_h]}`` for one batch (no gradient)."""
-  _, state = forward(model, params, batch, deterministic=True, mutable=['intermediates'])
+def _field(batch, name: str, argument: str):
+  """``batch[name]``, or one line naming the builder argument that says where it is."""
+  try:
+    return batch[name]
+  except (KeyError, TypeError):
+    signature = '(outputs, batch)' if argument == 'loss' else 'batch'
+    raise ValueError(f'{argument}: the batch has no {name!r}; pass {argument}=lambda '
+                     f'{signature}: ... to the step builder (it reads what your model '
+                     'needs).') from None
+
+
+def _model_call(inputs, apply_kwargs, encoder_kwargs):
+  """(inputs function, keyword arguments): the encoder's defaults unless ``inputs`` is given."""
+  if inputs is None:
+    return encoder_inputs, dict(encoder_kwargs if apply_kwargs is None else apply_kwargs)
+  if not callable(inputs):
+    raise ValueError(f'inputs must be a function batch -> tuple of model inputs, got '
+                     f'{type(inputs).__name__}.')
+  return inputs, dict(apply_kwargs or {})
+
+
+def forward(model: nn.Module, params, batch, *, inputs: Optional[Callable] = None, **kwargs):
+  """``model.apply({'params': params}, *inputs(batch), **kwargs)`` (default ``encoder_inputs``)."""
+  args = (encoder_inputs if inputs is None else inputs)(batch)
+  if not isinstance(args, (tuple, list)):
+    args = (args,)
+  return model.apply({'params': params}, *args, **kwargs)
+
+
+def sown(model: nn.Module, params, batch, name: str, *, inputs: Optional[Callable] = None,
+         apply_kwargs: Optional[Dict[str, Any]] = None) -> Dict[Tuple[str, ...], Any]:
+  """``{path of the sowing module: value}`` of what the kernel layers sow under ``name``
+  (``PHASE_A_INPUTS`` or ``flax_attention.MIMICRY_INPUTS``) on one batch, no gradient.
+
+  Every path must hold particles (``KernelAttention``, or the module passed as
+  ``sow_into`` to ``kernel_attention_fn``); none sown is one ValueError.
+  """
+  fn, kwargs = _model_call(inputs, apply_kwargs, {'deterministic': True})
+  _, state = forward(model, params, batch, inputs=fn, mutable=['intermediates'], **kwargs)
   flat = traverse_util.flatten_dict(state.get('intermediates', {}))
-  return {k[:-1]: jax.lax.stop_gradient(v[0]) for k, v in flat.items()
-          if k[-1] == PHASE_A_INPUTS}
+  out = {k[:-1]: jax.tree.map(jax.lax.stop_gradient, v[0]) for k, v in flat.items()
+         if k[-1] == name}
+  if not out:
+    raise ValueError(f'model: no attention layer sowed {name!r}; its attention layers must be '
+                     'models.KernelAttention or flax_attention.kernel_attention_fn(omega, '
+                     'sow_into=self) with omega = models.particles_param(self, ...).')
+  holders = set(particle_leaves(params))
+  missing = sorted('/'.join(p) for p in out if p not in holders)
+  if missing:
+    raise ValueError(f'model: {missing} sowed {name!r} but hold no particles; make omega with '
+                     'models.particles_param(self, ...) in the module passed as sow_into.')
+  return out
+
+
+def phase_a_inputs(model: nn.Module, params, batch, *, inputs: Optional[Callable] = None,
+                   apply_kwargs: Optional[Dict[str, Any]] = None
+                   ) -> Dict[Tuple[str, ...], jax.Array]:
+  """``{path of the attention module: r [B, H, D_h]}`` for one batch (no gradient)."""
+  return sown(model, params, batch, PHASE_A_INPUTS, inputs=inputs, apply_kwargs=apply_kwargs)
+
+
+def _has(batch, name: str) -> bool:
+  try:
+    batch[name]  # pylint: disable=pointless-statement
+    return True
+  except (KeyError, TypeError, IndexError):
+    return False
+
+
+def _labels_and_weights(batch, labels, weights):
+  y = _field(batch, 'labels', 'labels') if labels is None else labels(batch)
+  if weights is not None:
+    return y, weights(batch)
+  if labels is None or _has(batch, 'weights'):
+    return y, _field(batch, 'weights', 'weights')
+  return y, jnp.ones(jnp.shape(y), jnp.float32)
 
 
 def phase_a_objective(params, inputs, labels, weights, *, feature_map, lam: float, s,
@@ -174,39 +254,79 @@ def phase_a_objective(params, inputs, labels, weights, *, feature_map, lam: floa
 
 
 def make_phase_a_step(model: nn.Module, optimizer: optax.GradientTransformation, *,
-                      feature_map, lam: float, s, softening: float,
+                      feature_map, lam: float, s, softening: float, target: str = 'labels',
+                      inputs: Optional[Callable] = None, labels: Optional[Callable] = None,
+                      weights: Optional[Callable] = None, mask: Optional[Callable] = None,
+                      apply_kwargs: Optional[Dict[str, Any]] = None,
+                      only: Optional[Sequence[str]] = None,
                       langevin_settings: Optional[Dict[str, float]] = None,
                       precision=None) -> Callable:
   """``step(state, batch) -> (state, metrics)``: one Langevin move of every particle.
 
-  metrics: ``hamiltonian``, ``alignment``, ``repulsion`` (before the move),
-  ``max_move`` = max_k ‖Δω_k‖ over all heads and layers (early stopping), and
+  Args:
+    model, optimizer: any Flax model with kernel attention layers (module docstring) and
+      ``phase_a_optimizer(...)`` (``only=`` the same path when ``only`` is set).
+    feature_map, lam, s, softening: the Hamiltonian's map, λ, Riesz s and softening.
+    target: ``'labels'`` (``phase_a_objective``) or ``'softmax'``
+      (``phase_a_mimicry.phase_a_mimicry_objective``; labels unused).
+    inputs: ``inputs(batch)`` → the positional arguments of ``model.apply`` after the
+      variables (default ``encoder_inputs``); ``apply_kwargs`` its keyword arguments
+      (default: ``{'deterministic': True}`` for the encoder, ``{}`` with ``inputs``).
+    labels, weights: ``[B]`` int labels and row weights (1 real, 0 padding) of the label
+      target (default ``batch['labels']``, ``batch['weights']``; with ``labels`` and no
+      ``weights`` column, ones).
+    mask: ``mask(batch)`` → ``[B, L]`` bool, the real tokens the softmax target averages
+      over (default ``phase_a_mimicry.token_mask``: ``batch['mask']`` of rows with
+      ``batch['weights'] > 0``).
+    only: the path of one attention module: only its term is computed (layer-wise
+      stages on the inputs of the layers below as they are).
+    langevin_settings, precision: as below (``precision``: the label target only).
+
+  Metrics of the label target: ``hamiltonian``, ``alignment``, ``repulsion`` (before the
+  move), ``max_move`` = max_k ‖Δω_k‖ over all heads and layers (early stopping), and
   ``nonfinite_particles`` / ``nonfinite_grads``: ``{'attention_0/particles': int32 [H]}``,
   the NaN/±inf entries per head of each particle leaf before the move and of its
   gradient (``nonfinite_counts``; under jit a NaN otherwise spreads to the other heads
   and layers without an error: a driver stops on the first non-zero count). With
   ``langevin_settings`` (the optimiser's ``step_size``, ``beta``, ``clip_norm``)
   also the per-particle ``drift_to_noise`` and ``repulsion_to_alignment`` ``[P]``
-  of this step (``langevin_diagnostics``). ``precision``: the Hamiltonian's
-  (``phase_a_objective``); the encoder's forward pass keeps its own.
+  of this step (``langevin_diagnostics``). The softmax target's are
+  ``phase_a_mimicry.make_phase_a_mimicry_step``'s.
   """
+  if target not in PHASE_A_TARGETS:
+    raise ValueError(f'target must be one of {PHASE_A_TARGETS}, got {target!r}.')
+  if target == 'softmax':
+    if precision is not None or labels is not None or weights is not None:
+      raise ValueError("target='softmax' reads neither labels nor weights and keeps the "
+                       'backend precision; pass mask (and inputs) only.')
+    from coulomb_jax import phase_a_mimicry  # pylint: disable=g-import-not-at-top  (it imports this module)
+    return phase_a_mimicry.make_phase_a_mimicry_step(
+        model, optimizer, feature_map=feature_map, lam=lam, s=s, softening=softening,
+        only=only, langevin_settings=langevin_settings, inputs=inputs, mask=mask,
+        apply_kwargs=apply_kwargs)
+  if mask is not None:
+    raise ValueError("mask: the label target pools the keys its layers sow; mask is the "
+                     "softmax target's (target='softmax').")
   objective = dict(feature_map=feature_map, lam=lam, s=s, softening=softening,
                    precision=precision)
+  only = None if only is None else tuple(only)
 
   def step(state: TrainState, batch):
-    inputs = phase_a_inputs(model, state.params, batch)
+    data = phase_a_inputs(model, state.params, batch, inputs=inputs, apply_kwargs=apply_kwargs)
+    if only is not None:
+      data = {only: data[only]}
+    y, w = _labels_and_weights(batch, labels, weights)
     (h, aux), grads = jax.value_and_grad(phase_a_objective, has_aux=True)(
-        state.params, inputs, batch['labels'], batch['weights'], **objective)
+        state.params, data, y, w, **objective)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    moves = [jnp.max(jnp.linalg.norm(u, axis=-1))
-             for k, u in traverse_util.flatten_dict(updates).items() if k[-1] == PARTICLES]
+    moves = [jnp.max(jnp.linalg.norm(u, axis=-1)) for u in particle_leaves(updates, only).values()]
     metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)),
-                   nonfinite_particles=nonfinite_counts(state.params),
-                   nonfinite_grads=nonfinite_counts(grads))
+                   nonfinite_particles=nonfinite_counts(state.params, only),
+                   nonfinite_grads=nonfinite_counts(grads, only))
     if langevin_settings is not None:
-      metrics.update(_force_metrics(state.params, inputs, batch['labels'], batch['weights'],
-                                    objective, langevin_settings, None))
+      metrics.update(_force_metrics(state.params, data, y, w, objective, langevin_settings,
+                                    only))
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return step
@@ -424,23 +544,42 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> j
   return jnp.sum(ce * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def make_phase_b_step(model: nn.Module, optimizer: optax.GradientTransformation) -> Callable:
-  """``step(key, state, batch) -> (state, metrics)``; dropout key ``fold_in(key, step)``."""
+def make_phase_b_step(model: nn.Module, optimizer: optax.GradientTransformation, *,
+                      loss: Optional[Callable] = None, inputs: Optional[Callable] = None,
+                      apply_kwargs: Optional[Dict[str, Any]] = None) -> Callable:
+  """``step(key, state, batch) -> (state, metrics)``; dropout key ``fold_in(key, step)``.
+
+  ``loss(outputs, batch) -> scalar`` (default: the weighted cross-entropy
+  ``cross_entropy(outputs, batch['labels'], batch['weights'])``, with ``accuracy`` in the
+  metrics); ``inputs`` and ``apply_kwargs`` as ``make_phase_a_step`` (the encoder's
+  default: ``deterministic=False``); the dropout key goes in as ``rngs={'dropout': ...}``.
+  Metrics: ``loss``, ``grad_norm`` (and ``accuracy`` with the default loss). With
+  ``phase_b_optimizer`` the particles stay bit-identical.
+  """
+  fn, kwargs = _model_call(inputs, apply_kwargs, {'deterministic': False})
+  if loss is not None and not callable(loss):
+    raise ValueError(f'loss must be a function (outputs, batch) -> scalar, got '
+                     f'{type(loss).__name__}.')
 
   def step(key: jax.Array, state: TrainState, batch):
     dropout_key = jax.random.fold_in(key, state.step)
 
     def loss_fn(params):
-      logits = forward(model, params, batch, deterministic=False,
-                        rngs={'dropout': dropout_key})
-      return cross_entropy(logits, batch['labels'], batch['weights']), logits
+      outputs = forward(model, params, batch, inputs=fn, rngs={'dropout': dropout_key},
+                        **kwargs)
+      if loss is not None:
+        return loss(outputs, batch), outputs
+      y, w = _field(batch, 'labels', 'loss'), _field(batch, 'weights', 'loss')
+      return cross_entropy(outputs, y, w), outputs
 
-    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (value, outputs), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    correct = (jnp.argmax(logits, -1) == batch['labels']) * batch['weights']
-    metrics = {'loss': loss, 'accuracy': jnp.sum(correct) / jnp.maximum(
-        jnp.sum(batch['weights']), 1.0), 'grad_norm': optax.tree.norm(grads)}
+    metrics = {'loss': value}
+    if loss is None:
+      correct = (jnp.argmax(outputs, -1) == batch['labels']) * batch['weights']
+      metrics['accuracy'] = jnp.sum(correct) / jnp.maximum(jnp.sum(batch['weights']), 1.0)
+    metrics['grad_norm'] = optax.tree.norm(grads)
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return step
