@@ -33,6 +33,7 @@ from flax import traverse_util
 
 from coulomb_jax import _checks
 from coulomb_jax import features
+from coulomb_jax import flax_attention
 from coulomb_jax import mimicry as mimicry_lib
 from coulomb_jax import models
 from coulomb_jax import repulsion
@@ -191,6 +192,30 @@ class MimicrySettings(NamedTuple):
   with_task_gradient: bool = False
 
 
+def make_optimizer(learning_rate, *, weight_decay: float = 0.1,
+                   particle_tx: Optional[optax.GradientTransformation] = None,
+                   decay_steps: Optional[int] = None,
+                   with_particles: bool = True) -> optax.GradientTransformation:
+  """``make_state``'s optimizer: adamw (cosine over ``decay_steps`` if given) on every leaf,
+  or on every leaf but the ``particles``, which get ``particle_tx``.
+
+  ``learning_rate`` may be traced (checked when concrete): built inside ``jax.vmap`` with
+  per-run rates it trains many runs as one program (``experiments/recall/batched.py``).
+  ``with_particles``: whether the params hold particle leaves (else ``particle_tx`` is
+  unused, as for softmax attention).
+  """
+  _checks.check_positive('learning_rate', learning_rate)
+  _checks.check_nonnegative('weight_decay', weight_decay)
+  rate = learning_rate
+  if decay_steps is not None:
+    rate = optax.cosine_decay_schedule(learning_rate, _checks.check_int('decay_steps',
+                                                                       decay_steps, 1))
+  tx = optax.adamw(rate, weight_decay=weight_decay)
+  if particle_tx is not None and with_particles:
+    tx = optax.partition({training.PARTICLES: particle_tx, 'rest': tx}, training.partition_labels)
+  return tx
+
+
 def make_state(key: jax.Array, model: CausalLM, seq_len: int, *, learning_rate: float = 1e-3,
                weight_decay: float = 0.1,
                particle_tx: Optional[optax.GradientTransformation] = None,
@@ -206,13 +231,8 @@ def make_state(key: jax.Array, model: CausalLM, seq_len: int, *, learning_rate: 
   _checks.check_positive('learning_rate', learning_rate)
   _checks.check_nonnegative('weight_decay', weight_decay)
   params = jax.jit(model.init)(key, jnp.zeros((1, seq_len), jnp.int32))['params']
-  rate = learning_rate
-  if decay_steps is not None:
-    rate = optax.cosine_decay_schedule(learning_rate, _checks.check_int('decay_steps',
-                                                                       decay_steps, 1))
-  tx = optax.adamw(rate, weight_decay=weight_decay)
-  if particle_tx is not None and training.has_particles(params):
-    tx = optax.partition({training.PARTICLES: particle_tx, 'rest': tx}, training.partition_labels)
+  tx = make_optimizer(learning_rate, weight_decay=weight_decay, particle_tx=particle_tx,
+                      decay_steps=decay_steps, with_particles=training.has_particles(params))
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
@@ -237,7 +257,7 @@ def _metrics_and_inputs(params, apply_fn, batch, num_answers=None):
                            mutable=['intermediates'])
   loss, acc = mqar_loss_and_accuracy(logits, targets, mask)
   flat = traverse_util.flatten_dict(state.get('intermediates', {}))
-  inputs = {k[:-1]: v[0] for k, v in flat.items() if k[-1] == 'mimicry_inputs'}
+  inputs = {k[:-1]: v[0] for k, v in flat.items() if k[-1] == flax_attention.MIMICRY_INPUTS}
   return loss, (acc, inputs)
 
 
@@ -283,10 +303,9 @@ def mimicry_forces(params, inputs, settings: MimicrySettings, feature_map: str):
   return forces
 
 
-@functools.partial(jax.jit, static_argnames=('mimicry', 'feature_map', 'num_answers'))
-def train_step(state: train_state.TrainState, batch,
-               mimicry: Optional[MimicrySettings] = None, feature_map: str = 'favor',
-               num_answers: Optional[int] = None):
+def train_step_fn(state: train_state.TrainState, batch,
+                  mimicry: Optional[MimicrySettings] = None, feature_map: str = 'favor',
+                  num_answers: Optional[int] = None):
   """One optimizer step on an ``mqar.MQARBatch`` → ``(state, {'loss', 'accuracy'})``.
 
   ``mimicry`` None: every leaf gets its task gradient. Else the particle leaves get
@@ -294,8 +313,11 @@ def train_step(state: train_state.TrainState, batch,
   added to their task gradient), and ``state``'s particle transformation (e.g. Langevin)
   moves them with it. ``num_answers`` (P for MQAR): the head runs only at the first P
   answer positions of each row (``answer_positions``), the same loss and accuracy at a
-  fraction of the cost of ``[B, L, V]`` logits; None: at every position. All three are
-  static (hashable) arguments.
+  fraction of the cost of ``[B, L, V]`` logits; None: at every position.
+
+  Unjitted: ``train_step`` is its jit, with the three static. Called inside ``jax.vmap``
+  it steps many runs at once; there ``mimicry.lam`` and the state's hyper-parameters
+  (learning rate, Langevin β and η) may be traced per run.
   """
   if mimicry is None:
     grad_fn = jax.value_and_grad(_metrics, has_aux=True)
@@ -309,6 +331,10 @@ def train_step(state: train_state.TrainState, batch,
       flat[leaf] = flat[leaf] + force if mimicry.with_task_gradient else force
     grads = traverse_util.unflatten_dict(flat)
   return state.apply_gradients(grads=grads), {'loss': loss, 'accuracy': acc}
+
+
+train_step = jax.jit(train_step_fn, static_argnames=('mimicry', 'feature_map', 'num_answers'))
+"""``train_step_fn`` under ``jax.jit`` (``mimicry``, ``feature_map``, ``num_answers`` static)."""
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'settings', 'feature_map', 'num_answers'))

@@ -19,9 +19,11 @@ its figure and table, ``experiments/recall/page.py``). The results file never lo
       --figure=docs/figures/recall_long_accuracy_vs_length.png
 """
 
+import glob
 import json
 import os
 import sys
+import tarfile
 import time
 
 if __name__ == '__main__' and not __package__:
@@ -32,11 +34,13 @@ from ml_collections import config_flags
 
 from experiments.common import cli
 from experiments.common import provenance
+from experiments.recall import batched as batched_lib
 from experiments.recall import grid as grid_lib
 from experiments.recall import page as page_lib
 from experiments.recall import run as run_lib
 
 FLAGS = flags.FLAGS
+RUNS_DIR = 'results/runs/mqar_zoology'
 
 
 def _run_key(row: dict) -> tuple:
@@ -107,13 +111,15 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
   if not runs and not pilots:
     raise cli.ConfigError(f'--workdir: {root} holds no finished run of this grid, and '
                           f'--results {path} none either.')
-  table = grid_lib.zoology_file(runs, pilots, grid_lib.zoology_protocol(config, 'cpu'))
+  where = '+'.join(sorted({r.get('machine', {}).get('platform', 'cpu') for r in runs + pilots}))
+  batched = any('runs_in_program' in r for r in runs)
+  table = grid_lib.zoology_file(runs, pilots, grid_lib.zoology_protocol(config, where, batched))
   os.makedirs(runs_dir, exist_ok=True)
   for r in table['runs'] + table['pilots']:
     pilot = 'pilot-' if r in table['pilots'] else ''
     name = pilot + grid_lib.zoology_name(r['method'], r['seq_len'], r['num_pairs'], r['width'],
                                          r['learning_rate'], r['seed'])
-    if pilot:
+    if pilot or ('runs_in_program' in r and 'particle_step_size' in r):   # η swept too
       name += f'-eta{r["particle_step_size"]:.0e}'
     provenance.write_json_atomic(os.path.join(runs_dir, name + '.json'), r, indent=1)
   provenance.write_json_atomic(path, table, indent=1)
@@ -181,14 +187,46 @@ def run_zoology(config, root: str, results: str, runs_dir: str, log=run_lib.log_
     time.sleep(poll_seconds)
 
 
+def archive_runs(root: str, path: str) -> None:
+  """``path`` (a .tar.gz, written atomically): every ``<run>/result.json`` under ``root``
+  (the GPU grid's way home: a device returns a few files, not one per run)."""
+  found = sorted(glob.glob(os.path.join(root, '*', run_lib.RESULT_FILE)))
+  tmp = f'{path}.{os.getpid()}.tmp'
+  with tarfile.open(tmp, 'w:gz') as tar:
+    for f in found:
+      tar.add(f, arcname=os.path.relpath(f, root))
+  os.replace(tmp, path)
+
+
+def run_batched(config, programs, root: str, results: str, runs_dir: str, budget_s: float,
+                archive: str, log=run_lib.log_line) -> int:
+  """A batched grid's ``programs`` (``grid_lib.batched_programs``) in order until
+  ``budget_s`` − 60 s, none training past ``budget_s``; after each program ``--results``,
+  the per-run files and, if given, ``archive`` are rewritten."""
+  start = time.time()
+  limits = {}
+  if budget_s:
+    limits = {'stop_starting_at': start + budget_s - 60, 'deadline': start + budget_s}
+
+  def after():
+    write_zoology(config, root, results, runs_dir, log)
+    if archive:
+      archive_runs(root, archive)
+  return batched_lib.run_programs(config, root, programs, log, after_program=after, **limits)
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
   if not FLAGS.workdir:
     raise cli.ConfigError('--workdir is required.')
   config = FLAGS.config
-  if FLAGS.grid == 'zoology':
-    results = FLAGS.results if FLAGS.results != 'results/mqar.json' else 'results/mqar_zoology.json'
+  batched = FLAGS.grid in grid_lib.BATCHED_GRIDS
+  if FLAGS.grid == 'zoology' or batched:
+    default = 'results/mqar_zoology_gpu.json' if batched else 'results/mqar_zoology.json'
+    results = FLAGS.results if FLAGS.results != 'results/mqar.json' else default
+    if batched and FLAGS.runs_dir == RUNS_DIR:
+      FLAGS.runs_dir = RUNS_DIR + '_gpu'
     parent = os.path.dirname(os.path.abspath(results))
     if not os.path.isdir(parent):
       raise cli.ConfigError(f'--results: the folder {parent} of {results} does not exist.')
@@ -200,6 +238,14 @@ def main(argv):
                             f'is a file.')
     if FLAGS.collect_only:
       write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
+      return
+    if batched:
+      programs = grid_lib.batched_programs(grid_lib.BATCHED_GRIDS[FLAGS.grid])
+      for _, overrides, specs in programs:                          # before any compute
+        batched_lib.check_program(grid_lib.apply_overrides(config, overrides),
+                                  [batched_lib.Spec(*s) for s in specs])
+      run_batched(config, programs, FLAGS.workdir, results, FLAGS.runs_dir, FLAGS.budget_s,
+                  FLAGS.archive)
       return
     for _, overrides in grid_lib.zoology_plan(FLAGS.workdir)[0]:   # before any compute
       run_lib.check_config(grid_lib.apply_overrides(config, overrides))
@@ -230,10 +276,18 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', 'configs/mqar.py', 'MQAR run config.',
                                   lock_config=False)
   flags.DEFINE_string('workdir', None, 'Run folder (with --grid: the grid folder).')
-  flags.DEFINE_string('grid', '', f'Run a grid of {sorted(grid_lib.GRIDS) + ["zoology"]} '
-                      'instead of one run (zoology: with --config=configs/mqar.py:zoology).')
-  flags.DEFINE_string('runs_dir', 'results/runs/mqar_zoology',
-                      'With --grid=zoology: the folder of one JSON per finished run.')
+  flags.DEFINE_string('grid', '', f'Run a grid of '
+                      f'{sorted(grid_lib.GRIDS) + ["zoology"] + sorted(grid_lib.BATCHED_GRIDS)} instead of '
+                      'one run (zoology, zoology_batched: with --config=configs/mqar.py:zoology; '
+                      'zoology_batched: every (cell, width, method) as one vmapped program, '
+                      'for a GPU).')
+  flags.DEFINE_string('runs_dir', RUNS_DIR,
+                      'With --grid=zoology: the folder of one JSON per finished run '
+                      '(zoology_batched: default ' + RUNS_DIR + '_gpu).')
+  flags.DEFINE_float('budget_s', 0.0, 'With --grid=zoology_batched: no program starts after '
+                     'budget_s - 60 s and none trains past budget_s (0: no limit).')
+  flags.DEFINE_string('archive', '', 'With --grid=zoology_batched: a .tar.gz of every run\'s '
+                      'result.json, rewritten after each program (the GPU\'s way home).')
   flags.DEFINE_string('results', 'results/mqar.json', 'Results file the grid rewrites.')
   flags.DEFINE_bool('collect_only', False, 'Only rewrite --results from the finished runs.')
   flags.DEFINE_string('page', '', 'With --collect_only: also redraw the figure and table of '

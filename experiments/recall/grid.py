@@ -242,21 +242,27 @@ def zoology_plan(root: str, grid: dict = None):
 def zoology_best(rows: List[dict]) -> dict:
   """``{"L/P/width/method": {"learning_rate", "accuracy": {"mean", "std", "n"}}}``: each
   method's rate chosen on its seed-0 validation accuracy, its test accuracy over the seeds
-  run at that rate (std with ddof = 1; 0 for one seed)."""
+  run at that rate (std with ddof = 1; 0 for one seed). Where the rows hold several
+  particle step sizes η per rate (the batched grid), (rate, η) is chosen together and the
+  entry adds ``particle_step_size``."""
   groups = {}
   for r in rows:
     groups.setdefault((r['seq_len'], r['num_pairs'], r['width'], r['method']), []).append(r)
   out = {}
+  choice = lambda r: (r['learning_rate'], r.get('particle_step_size'))
   for (seq_len, num_pairs, width, method), group in sorted(groups.items()):
     seed0 = [r for r in group if r['seed'] == 0]
     if not seed0:
       continue
-    lr = max(seed0, key=selection_key)['learning_rate']
-    acc = [r['accuracy'] for r in group if r['learning_rate'] == lr]
-    out[f'{seq_len}/{num_pairs}/{width}/{method}'] = {
-        'learning_rate': lr, 'rates_tried': len(seed0),
-        'accuracy': {'mean': float(sum(acc) / len(acc)),
-                     'std': float(_std(acc)), 'n': len(acc)}}
+    best = choice(max(seed0, key=selection_key))
+    acc = [r['accuracy'] for r in group if choice(r) == best]
+    entry = {'learning_rate': best[0], 'rates_tried': len({r['learning_rate'] for r in seed0})}
+    if len({choice(r)[1] for r in seed0}) > 1:     # η swept with the rate (batched grid)
+      entry['particle_step_size'] = best[1]
+      entry['step_sizes_tried'] = len({choice(r)[1] for r in seed0})
+    entry['accuracy'] = {'mean': float(sum(acc) / len(acc)), 'std': float(_std(acc)),
+                         'n': len(acc)}
+    out[f'{seq_len}/{num_pairs}/{width}/{method}'] = entry
   return out
 
 
@@ -272,8 +278,21 @@ RUN_FIELDS = ('seq_len', 'num_pairs', 'width', 'method', 'learning_rate', 'seed'
 """The binding fields of a ``results/mqar_zoology.json`` run (then the rest of its row)."""
 
 
-def zoology_protocol(config, where: str) -> dict:
-  """The settings every run of the grid shares (``config``: configs/mqar.py:zoology)."""
+def zoology_protocol(config, where: str, batched: bool = False) -> dict:
+  """The settings every run of the grid shares (``config``: configs/mqar.py:zoology);
+  ``batched``: the vmapped grid's (η swept with the rate instead of a pilot)."""
+  protocol = _zoology_protocol(config, where)
+  if batched:
+    particles = protocol['particles']
+    for k in ('pilot_step_sizes', 'pilot_learning_rate', 'pilot_steps'):
+      del particles[k]
+    particles['step_sizes'] = list(ZOOLOGY_BATCHED['step_sizes'])
+    protocol['program'] = ('every (cell, width, method) one jax.vmap over its runs '
+                           '(experiments/recall/batched.py)')
+  return protocol
+
+
+def _zoology_protocol(config, where: str) -> dict:
   d, m, t, p = config.data, config.model, config.train, config.particles
   return {'vocab': d.vocab_size, 'train_examples': d.train_examples, 'steps': t.steps,
           'batch': t.batch_size, 'early_stop': t.early_stop,
@@ -316,3 +335,42 @@ def zoology_file(runs: List[dict], pilots: List[dict], protocol: dict) -> dict:
   runs = [shape(r) for r in sort(runs)]
   return {'protocol': protocol, 'runs': runs, 'best': zoology_best(runs),
           'pilots': [shape(r) for r in sort(pilots)]}
+
+
+# Issue 36 item 4: the whole grid as vmapped programs (experiments/recall/batched.py), for
+# one GPU. A program is one (cell, width, method); its runs are every rate × seed (× η for
+# the Langevin methods: the pilot becomes part of the sweep, (rate, η) chosen together on
+# seed 0's validation batch). Most informative first: (128, 8) at width 64 (the open
+# question), (64, 4), then width 128, then (256, 16).
+ZOOLOGY_BATCHED = {
+    'cells': (((128, 8), 64), ((64, 4), 64), ((128, 8), 128), ((64, 4), 128),
+              ((256, 16), 64), ((256, 16), 128)),
+    'methods': ('particles_softmax', 'particles_flow', 'hedgehog', 'taylor', 'elu',
+                'favor_orthogonal', 'hedgehog_distilled', 'softmax'),
+    'learning_rates': ZOOLOGY['learning_rates'],
+    'seeds': ZOOLOGY['seeds'],
+    'step_sizes': ZOOLOGY['pilot_step_sizes'],
+}
+
+
+def batched_programs(grid: dict = None):
+  """``[(program name, {config field: value}, [(learning_rate, seed, step_size or None)])]``
+  in the order the programs are made."""
+  g = grid or ZOOLOGY_BATCHED
+  out = []
+  for (seq_len, num_pairs), width in g['cells']:
+    for method in g['methods']:
+      etas = g['step_sizes'] if method in methods.LANGEVIN_METHODS else (None,)
+      specs = [(lr, seed, eta) for eta in etas for lr in g['learning_rates']
+               for seed in g['seeds']]
+      out.append((f'{method}-L{seq_len}-P{num_pairs}-w{width}',
+                  _cell(seq_len, num_pairs, width, method=method), specs))
+  return out
+
+
+BATCHED_GRIDS = {
+    'zoology_batched': ZOOLOGY_BATCHED,
+    # A test-sized batched grid (with configs/mqar.py:zoology,quick).
+    'tiny_batched': {'cells': (((16, 2), 16),), 'methods': ('particles_softmax', 'softmax'),
+                     'learning_rates': (1e-2, 3e-3), 'seeds': (0, 1), 'step_sizes': (1e-2,)},
+}

@@ -101,12 +101,13 @@ def mimicry_settings(config, lam: float) -> lm.MimicrySettings:
 
 
 def build(config, key: jax.Array, *, lam: Optional[float] = None,
-          beta: Optional[float] = None) -> Method:
+          beta: Optional[float] = None, step_size: Optional[float] = None) -> Method:
   """The ``Method`` of ``config.method``; ``key`` seeds the Langevin noise.
 
   ``lam``, ``beta``: the Langevin methods' repulsion weight and inverse temperature when
   calibrated at step 0 (None: ``config.particles.lam`` / ``.beta``); ``particles_flow``
-  always has λ = 0 and β = ∞.
+  always has λ = 0 and β = ∞. ``step_size``: η (None: ``config.particles.step_size``).
+  All three may be traced (one value per run of a vmapped program, ``batched``).
   """
   m, p = config.model, config.particles
   common = dict(vocab_size=config.data.vocab_size, max_len=config.data.seq_len,
@@ -131,6 +132,7 @@ def build(config, key: jax.Array, *, lam: Optional[float] = None,
   else:
     lam = p.lam if lam is None else lam
     beta = p.beta if beta is None else beta
-  tx = langevin.langevin_transform(key, step_size=p.step_size, beta=beta, radius=p.radius,
+  step_size = p.step_size if step_size is None else step_size
+  tx = langevin.langevin_transform(key, step_size=step_size, beta=beta, radius=p.radius,
                                    clip_norm=p.clip_norm)
   return Method(model, tx, mimicry_settings(config, lam), feature_map)
