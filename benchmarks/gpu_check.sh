@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared check for a GPU machine (H200 image: Python 3.12, jax 0.11, flax, optax,
-# chex, orbax preinstalled; no network; the copy of the tree there has no .git).
+# chex, orbax preinstalled; no network; the copy of the tree there may carry a .git of
+# another commit than its files, so every record takes COULOMB_JAX_COMMIT first).
 # At most BUDGET_S = 470 s (under 8 minutes) by its own timeouts, most important first,
 # every result written under $OUT as it finishes:
 #
@@ -22,9 +23,9 @@
 #     bash benchmarks/gpu_check.sh --command
 #   which runs `git rev-parse HEAD` here and prints
 #     COULOMB_JAX_COMMIT=<sha> bash benchmarks/gpu_check.sh
-#   Give that line to the device tool (carry=[".whl"], timeout_s 500). There, without .git,
-#   every record takes its commit from COULOMB_JAX_COMMIT (experiments.common.provenance);
-#   run where git works, the script sets it itself; with neither, rows say 'unknown'.
+#   Give that line to the device tool (carry=[".whl"], timeout_s 500). There every record
+#   takes its commit from COULOMB_JAX_COMMIT (experiments.common.provenance); run where git
+#   works, the script sets it itself; with neither, rows say 'unknown'.
 # A rerun (device time is 15 minutes in all, a start costs minutes): one step, a smaller
 #   budget, e.g. COULOMB_JAX_COMMIT=<sha> STEPS=attention BUDGET_S=200 bash ... (timeout_s
 #   BUDGET_S + 30).

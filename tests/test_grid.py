@@ -85,7 +85,16 @@ def test_commit_of_a_copy_without_git(tmp_path, monkeypatch):
   monkeypatch.delenv('COULOMB_JAX_COMMIT', raising=False)
   assert provenance.git_commit() == 'unknown'
   monkeypatch.setenv('COULOMB_JAX_COMMIT', 'abc123')
-  assert provenance.git_commit() == 'abc123 (from COULOMB_JAX_COMMIT, no git checkout)'
+  assert provenance.git_commit() == 'abc123 (from COULOMB_JAX_COMMIT)'
+
+
+def test_the_commit_a_sender_names_wins_over_a_git_checkout(monkeypatch):
+  # A device copy may carry another commit's .git (its files then read as '-dirty').
+  from experiments.common import provenance  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('COULOMB_JAX_COMMIT', 'abc123')
+  assert provenance.git_commit() == 'abc123 (from COULOMB_JAX_COMMIT)'
+  monkeypatch.delenv('COULOMB_JAX_COMMIT')
+  assert '(from' not in provenance.git_commit()
 
 
 def test_prefix_root_points_every_particle_variant_at_its_vanilla_run():

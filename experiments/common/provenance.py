@@ -33,10 +33,15 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 def git_commit() -> str:
   """HEAD of the repository, with ``-dirty`` if tracked files differ from it.
 
-  Without a git checkout (e.g. a copy of the tree on a GPU machine) the value of
-  ``$COULOMB_JAX_COMMIT``, set by whoever sent the copy, marked as such; else
-  ``'unknown'``. Asks the repository of this file, whatever the current folder.
+  ``$COULOMB_JAX_COMMIT``, when set, wins, marked as such: whoever sent a copy of the tree
+  to another machine (the GPU scripts) names the commit it holds. A device copy may carry
+  a ``.git`` of another commit than its files (seen 2026-12-04: the session's starting
+  commit, so git said ``<that>-dirty``). Else, without a git checkout, ``'unknown'``.
+  Asks the repository of this file, whatever the current folder.
   """
+  given = os.environ.get('COULOMB_JAX_COMMIT')
+  if given:
+    return f'{given} (from COULOMB_JAX_COMMIT)'
   try:
     git = ['git', '-C', REPO_ROOT]
     head = subprocess.run(git + ['rev-parse', 'HEAD'], capture_output=True, text=True,
@@ -45,8 +50,7 @@ def git_commit() -> str:
                            capture_output=True, text=True, check=True).stdout.strip()
     return head + ('-dirty' if dirty else '')
   except (OSError, subprocess.CalledProcessError):
-    given = os.environ.get('COULOMB_JAX_COMMIT')
-    return f'{given} (from COULOMB_JAX_COMMIT, no git checkout)' if given else 'unknown'
+    return 'unknown'
 
 
 def machine() -> dict:
