@@ -38,9 +38,13 @@ from experiments.recall import batched as batched_lib
 from experiments.recall import grid as grid_lib
 from experiments.recall import page as page_lib
 from experiments.recall import run as run_lib
+from experiments.recall import zoology_page
 
 FLAGS = flags.FLAGS
 RUNS_DIR = 'results/runs/mqar_zoology'
+ZOOLOGY_RESULTS = ['results/mqar_zoology.json', 'results/mqar_zoology_gpu.json',
+                   'results/mqar_zoology_gpu_long.json']
+"""The zoology grid's results files the page shows, where they exist (CPU, GPU, GPU long)."""
 
 
 def _run_key(row: dict) -> tuple:
@@ -98,11 +102,13 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
   from every finished run under ``root``, keeping the runs ``path`` holds that ``root``
   lacks (a run in both is taken from ``root``)."""
   runs, pilots = grid_lib.zoology_rows(root)
+  old_failed = []
   if os.path.exists(path):
     try:
       with open(path) as f:
         old = json.load(f)
       old_runs, old_pilots = old['runs'], old.get('pilots', [])
+      old_failed = old.get('failed_programs', [])
     except (json.JSONDecodeError, KeyError, TypeError) as e:
       raise cli.ConfigError(f'--results: {path}: not a results file of this grid ({e!r}).') from None
     for new, kept in ((runs, old_runs), (pilots, old_pilots)):
@@ -114,13 +120,18 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
   where = '+'.join(sorted({r.get('machine', {}).get('platform', 'cpu') for r in runs + pilots}))
   batched = any('runs_in_program' in r for r in runs)
   table = grid_lib.zoology_file(runs, pilots, grid_lib.zoology_protocol(config, where, batched))
+  failed = {f['program']: f for f in old_failed}
+  for path_ in sorted(glob.glob(os.path.join(root, 'programs', '*', batched_lib.FAILED_FILE))):
+    with open(path_) as f:
+      entry = json.load(f)
+    failed[entry['program']] = entry
+  if failed:           # programs that stopped with an error (batched grid): kept, never lost
+    table['failed_programs'] = [failed[k] for k in sorted(failed)]
   os.makedirs(runs_dir, exist_ok=True)
   for r in table['runs'] + table['pilots']:
-    pilot = 'pilot-' if r in table['pilots'] else ''
-    name = pilot + grid_lib.zoology_name(r['method'], r['seq_len'], r['num_pairs'], r['width'],
-                                         r['learning_rate'], r['seed'])
-    if pilot or ('runs_in_program' in r and 'particle_step_size' in r):   # η swept too
-      name += f'-eta{r["particle_step_size"]:.0e}'
+    name = grid_lib.zoology_row_name(r)
+    if r in table['pilots']:
+      name = f'pilot-{name}-eta{r["particle_step_size"]:.0e}'
     provenance.write_json_atomic(os.path.join(runs_dir, name + '.json'), r, indent=1)
   provenance.write_json_atomic(path, table, indent=1)
   log(f'{path}: {len(table["runs"])} runs, {len(table["pilots"])} pilots; {runs_dir}')
@@ -141,8 +152,7 @@ def restore_finished(root: str, results: str) -> int:
         name = (f'pilot/{r["method"]}-L{r["seq_len"]}-P{r["num_pairs"]}-w{r["width"]}'
                 f'-eta{r["particle_step_size"]:.0e}')
       else:
-        name = grid_lib.zoology_name(r['method'], r['seq_len'], r['num_pairs'], r['width'],
-                                     r['learning_rate'], r['seed'])
+        name = grid_lib.zoology_row_name(r)
       path = os.path.join(root, name, run_lib.RESULT_FILE)
       if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -188,9 +198,11 @@ def run_zoology(config, root: str, results: str, runs_dir: str, log=run_lib.log_
 
 
 def archive_runs(root: str, path: str) -> None:
-  """``path`` (a .tar.gz, written atomically): every ``<run>/result.json`` under ``root``
-  (the GPU grid's way home: a device returns a few files, not one per run)."""
-  found = sorted(glob.glob(os.path.join(root, '*', run_lib.RESULT_FILE)))
+  """``path`` (a .tar.gz, written atomically): every ``<run>/result.json`` and
+  ``programs/<program>/failed.json`` under ``root`` (the GPU grid's way home: a device
+  returns a few files, not one per run)."""
+  found = sorted(glob.glob(os.path.join(root, '*', run_lib.RESULT_FILE)) +
+                 glob.glob(os.path.join(root, 'programs', '*', batched_lib.FAILED_FILE)))
   tmp = f'{path}.{os.getpid()}.tmp'
   with tarfile.open(tmp, 'w:gz') as tar:
     for f in found:
@@ -204,6 +216,9 @@ def run_batched(config, programs, root: str, results: str, runs_dir: str, budget
   ``budget_s`` − 60 s, none training past ``budget_s``; after each program ``--results``,
   the per-run files and, if given, ``archive`` are rewritten."""
   start = time.time()
+  restored = restore_finished(root, results)
+  if restored:
+    log(f'{root}: {restored} finished runs restored from {results}')
   limits = {}
   if budget_s:
     limits = {'stop_starting_at': start + budget_s - 60, 'deadline': start + budget_s}
@@ -223,10 +238,15 @@ def main(argv):
   config = FLAGS.config
   batched = FLAGS.grid in grid_lib.BATCHED_GRIDS
   if FLAGS.grid == 'zoology' or batched:
-    default = 'results/mqar_zoology_gpu.json' if batched else 'results/mqar_zoology.json'
+    default = 'results/mqar_zoology.json'
+    if batched:
+      spec = grid_lib.BATCHED_GRIDS[FLAGS.grid]
+      config = grid_lib.apply_overrides(config, spec.get('overrides', {}))
+      default = spec['results']
     results = FLAGS.results if FLAGS.results != 'results/mqar.json' else default
-    if batched and FLAGS.runs_dir == RUNS_DIR:
-      FLAGS.runs_dir = RUNS_DIR + '_gpu'
+    if batched and FLAGS.runs_dir == RUNS_DIR:    # <results' folder>/runs/<results' name>
+      FLAGS.runs_dir = os.path.join(os.path.dirname(results), 'runs',
+                                    os.path.splitext(os.path.basename(results))[0])
     parent = os.path.dirname(os.path.abspath(results))
     if not os.path.isdir(parent):
       raise cli.ConfigError(f'--results: the folder {parent} of {results} does not exist.')
@@ -237,7 +257,16 @@ def main(argv):
       raise cli.ConfigError(f'--runs_dir: {FLAGS.runs_dir} cannot be a folder: {ancestor} '
                             f'is a file.')
     if FLAGS.collect_only:
+      figure = FLAGS.figure if FLAGS['figure'].present else zoology_page.FIGURE
+      for flag, path in (('--page', FLAGS.page), ('--figure', figure)):   # before writing
+        if FLAGS.page and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+          raise cli.ConfigError(f'{flag}: the folder of {path} does not exist.')
       write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
+      if FLAGS.page:
+        files = [f for f in ZOOLOGY_RESULTS if os.path.exists(f)]
+        if results not in files:
+          files.append(results)
+        zoology_page.write(files, FLAGS.page, figure)
       return
     if batched:
       programs = grid_lib.batched_programs(grid_lib.BATCHED_GRIDS[FLAGS.grid])
@@ -283,7 +312,7 @@ if __name__ == '__main__':
                       'for a GPU).')
   flags.DEFINE_string('runs_dir', RUNS_DIR,
                       'With --grid=zoology: the folder of one JSON per finished run '
-                      '(zoology_batched: default ' + RUNS_DIR + '_gpu).')
+                      '(a batched grid: <--results\' folder>/runs/<--results\' name>).')
   flags.DEFINE_float('budget_s', 0.0, 'With --grid=zoology_batched: no program starts after '
                      'budget_s - 60 s and none trains past budget_s (0: no limit).')
   flags.DEFINE_string('archive', '', 'With --grid=zoology_batched: a .tar.gz of every run\'s '
@@ -291,9 +320,11 @@ if __name__ == '__main__':
   flags.DEFINE_string('results', 'results/mqar.json', 'Results file the grid rewrites.')
   flags.DEFINE_bool('collect_only', False, 'Only rewrite --results from the finished runs.')
   flags.DEFINE_string('page', '', 'With --collect_only: also redraw the figure and table of '
-                      'this page (docs/recall.md).')
+                      'this page (docs/recall.md); with --grid=zoology or a batched grid, its '
+                      'mqar_zoology block from every results file of ZOOLOGY_RESULTS there is.')
   flags.DEFINE_string('figure', 'docs/figures/recall_accuracy_vs_length.png',
-                      'The figure --page draws.')
+                      'The figure --page draws (zoology grids: ' + zoology_page.FIGURE +
+                      ' unless given).')
   flags.DEFINE_string('block', 'mqar', 'The page block --page rewrites (another grid\'s '
                       'table goes to its own block, e.g. mqar_long).')
   cli.run(main)

@@ -133,3 +133,55 @@ def test_the_batched_grid_command_end_to_end(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert again.returncode == 0, again.stderr[-2000:]
   assert results.read_text() == before
+  # A new machine (an empty workdir) restores the runs the results file holds: none rerun.
+  fresh = [c if not c.startswith('--workdir=') else f'--workdir={tmp_path / "new"}'
+           for c in command]
+  again = subprocess.run(fresh, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert '8 finished runs restored' in again.stdout and 'runs in' not in again.stdout
+  assert results.read_text() == before
+
+
+def test_a_failing_program_is_recorded_and_the_worker_goes_on(tmp_path, monkeypatch):
+  programs = grid_lib.batched_programs(grid_lib.BATCHED_GRIDS['tiny_batched'])
+  real = batched.train_program
+
+  def fail_the_first(config, specs, *args, **kwargs):
+    if config.method == 'particles_softmax':
+      raise ValueError('grad_repulsion: median particle gradient 0.0')
+    return real(config, specs, *args, **kwargs)
+  monkeypatch.setattr(batched, 'train_program', fail_the_first)
+  lines = []
+  config = mqar_config.get_config('zoology,quick')
+  assert batched.run_programs(config, str(tmp_path), programs, lines.append) == 1
+  failed = tmp_path / 'programs' / programs[0][0] / batched.FAILED_FILE
+  assert 'median particle gradient 0.0' in json.loads(failed.read_text())['error']
+  assert any('failed, not retried' in line for line in lines)
+  # Not tried again in this folder.
+  assert batched.run_programs(config, str(tmp_path), programs, lines.append) == 0
+
+
+def test_the_langevin_methods_get_one_program_per_step_size():
+  programs = grid_lib.batched_programs()
+  names = [name for name, _, _ in programs]
+  assert 'particles_softmax-L128-P8-w64-eta3e-03' in names and 'hedgehog-L128-P8-w64' in names
+  assert {len(specs) for _, _, specs in programs} == {12}
+  assert len(programs) == 6 * (6 + 2 * 3)
+
+
+def test_the_committed_zoology_block_is_the_committed_results_files(tmp_path):
+  # docs/recall.md's mqar_zoology block regenerates from the committed JSON, byte for byte.
+  from experiments import mqar  # pylint: disable=g-import-not-at-top
+  from experiments.recall import zoology_page  # pylint: disable=g-import-not-at-top
+  files = [os.path.join(ROOT, f) for f in mqar.ZOOLOGY_RESULTS
+           if os.path.exists(os.path.join(ROOT, f))]
+  page = tmp_path / 'recall.md'
+  zoology_page.write(files, str(page), str(tmp_path / 'figure.png'))
+  with open(os.path.join(ROOT, 'docs', 'recall.md'), encoding='utf-8') as f:
+    committed = f.read()
+  begin, end = zoology_page.page_lib.markers(zoology_page.BLOCK)
+  block = lambda text: text[text.index(begin):text.index(end)]
+  made = block(page.read_text()).replace('figure.png',
+                                         'figures/recall_zoology_accuracy_vs_rate.png')
+  # The labels name the files by basename; the figure path is the page's own.
+  assert made.replace(str(tmp_path), '') == block(committed)

@@ -47,6 +47,9 @@ from experiments.recall import methods
 from experiments.recall import run as run_lib
 
 
+FAILED_FILE = 'failed.json'
+
+
 class Spec(NamedTuple):
   """One run of a program: its learning rate, seed and (Langevin methods) step size η."""
   learning_rate: float
@@ -283,6 +286,9 @@ def run_programs(config, root: str, programs, log=run_lib.log_line, *,
   program still training at ``deadline`` stops and writes nothing (``time.time()``
   values; None: no limit). ``after_program()`` runs after each finished program (the
   worker rewrites its results file there). Returns how many programs this worker made.
+  A program that fails with a ``ValueError`` (e.g. a relative λ where the repulsion
+  underflows to 0) writes ``<root>/programs/<name>/failed.json`` with the message and is
+  not tried again there; the worker goes on with the next.
   """
   metadata = provenance.run_metadata('experiments.mqar')
   made = 0
@@ -296,11 +302,20 @@ def run_programs(config, root: str, programs, log=run_lib.log_line, *,
     if stop_starting_at is not None and time.time() > stop_starting_at:
       log(f'{root}: no program started after the budget; {name} and later not started')
       break
+    failed = os.path.join(root, 'programs', name, FAILED_FILE)
+    if os.path.exists(failed):
+      continue
     lock = grid_lib.claim(os.path.join(root, 'programs', name))
     if lock is None:
       continue
     with lock:
-      rows = train_program(program_config, specs, root, log, metadata, deadline)
+      try:
+        rows = train_program(program_config, specs, root, log, metadata, deadline)
+      except (ValueError, cli.ConfigError) as e:     # e.g. a relative λ with no force
+        log(f'{name}: failed, not retried in {root}: {e}')
+        provenance.write_json_atomic(failed, dict(metadata, program=name, error=str(e)),
+                                     indent=2)
+        continue
     if rows:
       made += 1
       if after_program is not None:

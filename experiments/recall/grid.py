@@ -148,6 +148,16 @@ def zoology_name(method, seq_len, num_pairs, width, learning_rate, seed) -> str:
   return f'{method}-L{seq_len}-P{num_pairs}-w{width}-lr{learning_rate:.1e}-seed{seed}'
 
 
+def zoology_row_name(row: dict) -> str:
+  """A finished run's folder (and per-run file) name: ``zoology_name``, with ``-eta<η>``
+  for a batched Langevin run (η swept there: ``batched.run_name``)."""
+  name = zoology_name(row['method'], row['seq_len'], row['num_pairs'], row['width'],
+                      row['learning_rate'], row['seed'])
+  if 'runs_in_program' in row and 'particle_step_size' in row:
+    name += f'-eta{row["particle_step_size"]:.0e}'
+  return name
+
+
 def _cell(seq_len, num_pairs, width, **more):
   return dict({'data.seq_len': seq_len, 'data.num_pairs': num_pairs, 'model.width': width},
               **more)
@@ -350,27 +360,38 @@ ZOOLOGY_BATCHED = {
     'learning_rates': ZOOLOGY['learning_rates'],
     'seeds': ZOOLOGY['seeds'],
     'step_sizes': ZOOLOGY['pilot_step_sizes'],
+    'results': 'results/mqar_zoology_gpu.json',    # its results file (runs: <name>/ beside)
 }
 
 
 def batched_programs(grid: dict = None):
   """``[(program name, {config field: value}, [(learning_rate, seed, step_size or None)])]``
-  in the order the programs are made."""
+  in the order the programs are made: per cell, every method's rates × seeds, one program
+  per η for the Langevin methods (at 36 runs per program their XLA GPU compile did not end
+  in 8 minutes on an H200, 2026-12-04; 12 compile in under a minute)."""
   g = grid or ZOOLOGY_BATCHED
   out = []
   for (seq_len, num_pairs), width in g['cells']:
     for method in g['methods']:
       etas = g['step_sizes'] if method in methods.LANGEVIN_METHODS else (None,)
-      specs = [(lr, seed, eta) for eta in etas for lr in g['learning_rates']
-               for seed in g['seeds']]
-      out.append((f'{method}-L{seq_len}-P{num_pairs}-w{width}',
-                  _cell(seq_len, num_pairs, width, method=method), specs))
+      for eta in etas:
+        specs = [(lr, seed, eta) for lr in g['learning_rates'] for seed in g['seeds']]
+        name = f'{method}-L{seq_len}-P{num_pairs}-w{width}'
+        out.append((name if eta is None else f'{name}-eta{eta:.0e}',
+                    _cell(seq_len, num_pairs, width, method=method), specs))
   return out
 
 
 BATCHED_GRIDS = {
     'zoology_batched': ZOOLOGY_BATCHED,
+    # The same at 4x the steps (12,000, about 8 epochs of the 100k set; Zoology trains up
+    # to 64), width 64 only: at 3000 steps no linear map left 0.25 at (64, 4) on the GPU
+    # (results/mqar_zoology_gpu.json). Its own results file (one protocol per file).
+    'zoology_batched_long': dict(ZOOLOGY_BATCHED, cells=(((128, 8), 64), ((64, 4), 64)),
+                                 overrides={'train.steps': 12000},
+                                 results='results/mqar_zoology_gpu_long.json'),
     # A test-sized batched grid (with configs/mqar.py:zoology,quick).
-    'tiny_batched': {'cells': (((16, 2), 16),), 'methods': ('particles_softmax', 'softmax'),
+    'tiny_batched': {'results': 'workdir/mqar_tiny_batched.json',
+                     'cells': (((16, 2), 16),), 'methods': ('particles_softmax', 'softmax'),
                      'learning_rates': (1e-2, 3e-3), 'seeds': (0, 1), 'step_sizes': (1e-2,)},
 }

@@ -1,0 +1,141 @@
+r"""The Zoology-protocol block of ``docs/recall.md`` from the grid's results files.
+
+``write(results_files, page, figure_path)`` reads every ``results/mqar_zoology*.json`` given
+(the CPU grid's, the GPU grid's; each row keeps where it ran), draws test accuracy at answer
+positions against the learning rate, one panel per (cell, width), one line per method (the
+mean over the seeds run at that rate, a bar from the lowest to the highest seed; the
+Langevin methods at the η chosen with the rate on seed 0's validation batch), and replaces
+the ``mqar_zoology`` block of the page with the best-rate table (``grid.zoology_best``, per
+file), the chance level 1/P, what has not run, and the runs' commands, commits and machines.
+"""
+
+import collections
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from experiments.analysis import plots
+from experiments.common import page_block
+from experiments.recall import methods
+from experiments.recall import page as page_lib
+
+BLOCK = 'mqar_zoology'
+FIGURE = 'docs/figures/recall_zoology_accuracy_vs_rate.png'
+
+
+def _load(path: str) -> dict:
+  with open(path) as f:
+    table = json.load(f)
+  if not isinstance(table, dict) or 'runs' not in table or 'protocol' not in table:
+    raise ValueError(f'{path}: not a results file of the zoology grid (no runs/protocol).')
+  return table
+
+
+def _label(path: str, table: dict) -> str:
+  p = table['protocol']
+  return f'{p["where"]}, {p["steps"]} steps ({os.path.basename(path)})'
+
+
+def _chosen(rows, best):
+  """The rows at each method's chosen (rate, η) of ``best`` (the others: other rates)."""
+  entry = best.get(f'{rows[0]["seq_len"]}/{rows[0]["num_pairs"]}/{rows[0]["width"]}/'
+                   f'{rows[0]["method"]}')
+  if entry is None or 'particle_step_size' not in entry:
+    return rows
+  return [r for r in rows if r.get('particle_step_size') == entry['particle_step_size']]
+
+
+def figure(tables, path: str) -> str:
+  """Accuracy against the learning rate; one panel per (cell, width) of any file."""
+  plt = plots.pyplot()
+  cells = sorted({(r['seq_len'], r['num_pairs'], r['width']) for _, t in tables
+                  for r in t['runs']})
+  fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells) + 2, 3.8), squeeze=False)
+  used = {}
+  for ax, (seq_len, pairs, width) in zip(axes[0], cells):
+    for f, (label, table) in enumerate(tables):
+      for i, method in enumerate(methods.METHODS):
+        group = [r for r in table['runs'] if (r['seq_len'], r['num_pairs'], r['width'],
+                                              r['method']) == (seq_len, pairs, width, method)]
+        if not group:
+          continue
+        by_rate = collections.defaultdict(list)
+        for r in _chosen(group, table['best']):
+          by_rate[r['learning_rate']].append(r['accuracy'])
+        xs = sorted(by_rate)
+        mean = np.array([np.mean(by_rate[x]) for x in xs])
+        low = mean - np.array([min(by_rate[x]) for x in xs])
+        high = np.array([max(by_rate[x]) for x in xs]) - mean
+        ax.errorbar(xs, mean, yerr=[low, high], color=f'C{i}', marker='os^'[f % 3],
+                    linestyle=('-', '--', '-.')[f % 3], capsize=2, markersize=4,
+                    mfc='none' if f % 2 else f'C{i}')
+        used[method] = i
+    ax.axhline(1.0 / pairs, color='grey', linewidth=0.8, linestyle=':')
+    ax.set_xscale('log')
+    ax.set_xlabel('AdamW learning rate')
+    ax.set_ylabel('test accuracy at answer positions')
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f'L = {seq_len}, {pairs} pairs, width {width} (dotted: 1/P)')
+  handles = ([Line2D([], [], color=f'C{i}', marker='o', label=m) for m, i in used.items()]
+             + [Line2D([], [], color='black', linestyle=('-', '--', '-.')[f % 3],
+                             marker='os^'[f % 3], mfc='none' if f % 2 else 'black',
+                             label=label) for f, (label, _) in enumerate(tables)])
+  axes[0][-1].legend(handles=handles, fontsize=6, loc='center left', bbox_to_anchor=(1.0, 0.5))
+  fig.tight_layout()
+  return plots.save(fig, path)
+
+
+def Line2D(*args, **kwargs):  # pylint: disable=invalid-name
+  """A legend handle (matplotlib imported only when a figure is drawn)."""
+  from matplotlib import lines  # pylint: disable=g-import-not-at-top
+  return lines.Line2D(*args, **kwargs)
+
+
+def table_lines(tables) -> list:
+  lines = []
+  for label, table in tables:
+    p = table['protocol']
+    lines += [f'**{label}**: vocabulary {p["vocab"]}, {p["train_examples"]} training '
+              f'sequences, {p["steps"]} steps of batch {p["batch"]}, {p["schedule"]} '
+              f'schedule, early stop at {p["early_stop"]}; learning rates '
+              f'{", ".join(f"{x:g}" for x in p["learning_rates"])}.', '',
+              '| L | pairs | width | method | state size | rate (η) | accuracy mean ± std (n) '
+              '| 1/P | rates tried |', '|---|---|---|---|---|---|---|---|---|']
+    state = {(r['seq_len'], r['width'], r['method']): r['state_size'] for r in table['runs']}
+    order = {m: i for i, m in enumerate(methods.METHODS)}
+    keys = sorted(table['best'], key=lambda k: (int(k.split('/')[2]), int(k.split('/')[0]),
+                                                order.get(k.split('/')[3], 99)))
+    for key in keys:
+      seq_len, pairs, width, method = key.split('/')
+      b = table['best'][key]
+      eta = f' ({b["particle_step_size"]:g})' if 'particle_step_size' in b else ''
+      a = b['accuracy']
+      lines.append(f'| {seq_len} | {pairs} | {width} | {method} | '
+                   f'{state[(int(seq_len), int(width), method)]} | '
+                   f'{b["learning_rate"]:g}{eta} | {a["mean"]:.3f} ± {a["std"]:.3f} ({a["n"]}) '
+                   f'| {1 / int(pairs):.3f} | {b["rates_tried"]} |')
+    for failed in table.get('failed_programs', []):
+      lines.append(f'\nFailed program `{failed["program"]}`: {failed["error"]}')
+    commits = sorted({r.get('commit', 'unknown') for r in table['runs']})
+    machines = sorted({json.dumps(r.get('machine', {}), sort_keys=True) for r in table['runs']})
+    commands = sorted({r.get('command', '') for r in table['runs']})
+    lines += ['', f'{len(table["runs"])} runs. Commits: {", ".join(commits)}.',
+              'Commands: ' + '; '.join(f'`{c}`' for c in commands) + '.',
+              'Machines: ' + '; '.join(machines) + '.', '']
+  lines.append('± is the standard deviation over the seeds run at the chosen rate (ddof 1; '
+               '0 for one seed); the rate (and η) is chosen on seed 0\'s validation batch, '
+               'the accuracy is on the test batch.')
+  return lines
+
+
+def write(results_files: Sequence[str], page: str, figure_path: str = FIGURE) -> None:
+  """The block ``mqar_zoology`` of ``page`` and its figure from ``results_files``."""
+  tables = [(_label(p, t), t) for p, t in ((p, _load(p)) for p in results_files)]
+  figure(tables, figure_path)
+  begin, end = page_lib.markers(BLOCK)
+  rel = os.path.relpath(figure_path, os.path.dirname(page))
+  page_block.write_block(page, begin, end,
+                         [f'![accuracy against the learning rate]({rel})', '']
+                         + table_lines(tables))
