@@ -82,6 +82,19 @@ class CausalLM(nn.Module):
 
   ``positions: [B, P]`` int (optional): the head is applied only at these positions and
   the logits are ``[B, P, V]`` (a large vocabulary costs only where the loss reads it).
+
+  Bad ids. Float (or bool) ``tokens`` are one ``ValueError`` always (the dtype is static).
+  An eager call with a token outside ``[0, V)`` (negative ids included, padded positions
+  too) or a position outside ``[0, L)`` is one ``ValueError`` naming the value and its
+  index. Under ``jit`` the ids cannot be read, so instead an id outside ``[0, V)`` is
+  embedded as id 0 (never gathered out of range: no NaN enters the attention), and in its
+  row the logits of every position i ≥ t are NaN, t the row's first bad position (they
+  depend on the bad input; other rows are untouched). The logits of the positions i < t are
+  the causal model's: bit for bit those of the same call with any id in ``[0, V)`` at t
+  (both attentions, both causal paths, which shift the features per prefix; tested).
+  A ``positions`` entry outside ``[0, L)`` under ``jit`` is not checked (it gathers as
+  ``jnp.take_along_axis`` does).
+  Valid inputs give exactly the logits they gave before this guard.
   """
   vocab_size: int
   max_len: int
@@ -130,17 +143,24 @@ class CausalLM(nn.Module):
       raise ValueError(f'tokens must have shape [B, L], got {tuple(tokens.shape)}.')
     self.check(tokens.shape[1])
     models.check_mask(mask, tokens.shape)
+    _checks.check_ids('tokens', tokens, self.vocab_size)
     length = tokens.shape[1]
-    x = nn.Embed(self.vocab_size, self.width, name='embed')(tokens)
+    if positions is not None:
+      _checks.check_ids('positions', positions, length)
+    bad = (tokens < 0) | (tokens >= self.vocab_size)                    # [B, L]; jit only
+    x = nn.Embed(self.vocab_size, self.width, name='embed')(jnp.where(bad, 0, tokens))
     pos = self.param('pos_embed', nn.initializers.normal(0.02), (self.max_len, self.width))
     x = x + pos[None, :length]
     factory = self.attention_factory()
     for i in range(self.num_layers):
       x = Block(factory, self.mlp_ratio * self.width, name=f'block_{i}')(x, mask)
     x = nn.LayerNorm(name='ln_final')(x)
+    poisoned = jax.lax.cummax(bad.astype(jnp.int32), axis=1) > 0        # [B, L]: some j ≤ i bad
     if positions is not None:
       x = jnp.take_along_axis(x, positions[..., None], axis=1)          # [B, P, E]
-    return nn.Dense(self.vocab_size, name='head')(x)
+      poisoned = jnp.take_along_axis(poisoned, positions, axis=1)       # [B, P]
+    logits = nn.Dense(self.vocab_size, name='head')(x)
+    return jnp.where(poisoned[..., None], jnp.nan, logits)
 
 
 def answer_positions(answer_mask: jax.Array, num_answers: int) -> jax.Array:
@@ -160,16 +180,24 @@ def mqar_loss_and_accuracy(logits: jax.Array, targets: jax.Array, answer_mask: j
   ``logits: [B, L, V]``, ``targets: [B, L]`` int, ``answer_mask: [B, L]`` bool. With
   n = Σ mask: loss = Σ_mask (logsumexp(logits) − logits[target]) / max(n, 1),
   accuracy = Σ_mask [argmax logits = target] / max(n, 1); both 0 for an empty mask.
+
+  Targets must be integers (float targets: one ``ValueError``); an eager call with a
+  target outside ``[0, V)`` where ``answer_mask`` is True is one ``ValueError`` naming the
+  value and its index (targets elsewhere are ignored). Under ``jit`` such a target
+  (negative ones included) makes the loss NaN and counts as a miss.
   """
   if logits.shape[:2] != targets.shape or targets.shape != answer_mask.shape:
     raise ValueError(f'logits [B, L, V], targets and answer_mask [B, L] must agree, got '
                      f'{tuple(logits.shape)}, {tuple(targets.shape)}, '
                      f'{tuple(answer_mask.shape)}.')
+  _checks.check_ids('targets', targets, logits.shape[-1], answer_mask)
   m = answer_mask.astype(jnp.float32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
   hit = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
   n = jnp.maximum(jnp.sum(m), 1.0)
-  return jnp.sum(jnp.where(answer_mask, ce, 0.0)) / n, jnp.sum(hit * m) / n
+  loss = jnp.sum(jnp.where(answer_mask, ce, 0.0)) / n
+  bad = answer_mask & ((targets < 0) | (targets >= logits.shape[-1]))   # jit only
+  return jnp.where(jnp.any(bad), jnp.nan, loss), jnp.sum(hit * m) / n
 
 
 class MimicrySettings(NamedTuple):
@@ -303,6 +331,18 @@ def mimicry_forces(params, inputs, settings: MimicrySettings, feature_map: str):
   return forces
 
 
+def check_feature_map(model, feature_map: str) -> None:
+  """``feature_map`` is ``model``'s own: one ``ValueError`` naming both otherwise.
+
+  ``model``: a ``CausalLM`` with ``attention='kernel'``, or anything else (not checked:
+  a model this module cannot read, or softmax attention, which has no feature map).
+  """
+  if (isinstance(model, CausalLM) and model.attention == 'kernel'
+      and feature_map != model.feature_map):
+    raise ValueError(f'feature_map must be the model\'s feature map '
+                     f'{model.feature_map!r} (CausalLM.feature_map), got {feature_map!r}.')
+
+
 def train_step_fn(state: train_state.TrainState, batch,
                   mimicry: Optional[MimicrySettings] = None, feature_map: str = 'favor',
                   num_answers: Optional[int] = None):
@@ -318,11 +358,17 @@ def train_step_fn(state: train_state.TrainState, batch,
   Unjitted: ``train_step`` is its jit, with the three static. Called inside ``jax.vmap``
   it steps many runs at once; there ``mimicry.lam`` and the state's hyper-parameters
   (learning rate, Langevin β and η) may be traced per run.
+
+  With ``mimicry``, a ``feature_map`` other than the model's is one ``ValueError``
+  (``check_feature_map``; the model is ``state.apply_fn.__self__`` when ``apply_fn`` is a
+  ``CausalLM``'s bound ``apply``, as ``make_state`` sets it; any other ``apply_fn`` is not
+  checked).
   """
   if mimicry is None:
     grad_fn = jax.value_and_grad(_metrics, has_aux=True)
     (loss, acc), grads = grad_fn(state.params, state.apply_fn, batch, num_answers)
   else:
+    check_feature_map(getattr(state.apply_fn, '__self__', None), feature_map)
     grad_fn = jax.value_and_grad(_metrics_and_inputs, has_aux=True)
     (loss, (acc, inputs)), grads = grad_fn(state.params, state.apply_fn, batch, num_answers)
     flat = traverse_util.flatten_dict(grads)
@@ -340,7 +386,9 @@ train_step = jax.jit(train_step_fn, static_argnames=('mimicry', 'feature_map', '
 @functools.partial(jax.jit, static_argnames=('model', 'settings', 'feature_map', 'num_answers'))
 def force_terms(params, batch, model: CausalLM, settings: MimicrySettings, feature_map: str,
                 num_answers: Optional[int] = None):
-  """``mimicry_force_terms`` on one batch: ``model``'s own queries and keys, sown."""
+  """``mimicry_force_terms`` on one batch: ``model``'s own queries and keys, sown
+  (``feature_map`` other than the model's: one ``ValueError``, ``check_feature_map``)."""
+  check_feature_map(model, feature_map)
   _, (_, inputs) = _metrics_and_inputs(params, model.apply, batch, num_answers)
   return mimicry_force_terms(params, inputs, settings, feature_map)
 
