@@ -14,10 +14,10 @@ Every field can be overridden on the command line (``--config.seed=1``).
 
 import ml_collections
 
-from coulomb_jax import features
-
-# The seven attention feature maps of the paper; each is a Vanilla-X and a Kernel-X variant.
-MAPS = tuple(m for m in features.ATTENTION_FEATURE_MAPS)
+# The seven attention feature maps of the paper, in its order (names of the library's
+# registry, coulomb_jax.features.names(positive=True)): this study's choice, not a library
+# list. Each is a Vanilla-X and a Kernel-X variant.
+MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'softmaxfeat', 'porf_softplus')
 BASELINES = ('softmax', 'performer', 'linformer')
 # Controls: 'ball-<map>' = Vanilla-X with its random particles projected onto the ball of
 # radius phase_a.radius and no Phase A: separates the projection from the dynamics.
@@ -84,7 +84,8 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict()
   # 'kernel' (Vanilla-X, Kernel-X, Performer), 'softmax' or 'linformer'.
   config.model.attention = 'kernel'
-  # Feature map of kernel attention (a name in coulomb_jax.features.ATTENTION_FEATURE_MAPS).
+  # Feature map of kernel attention (a positive map of coulomb_jax.features: MAPS above, or
+  # any name registered with features.register(..., log_psi=...)).
   config.model.feature_map = 'favor'
   # Features (particles) per head M (the paper: 256).
   config.model.num_features = 256

@@ -36,8 +36,9 @@ Eager calls check that ``x`` and ``omega`` are finite (``_checks.check_finite``)
 under ``jit`` nothing is checked.
 """
 
+import collections.abc
 import math
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -186,11 +187,52 @@ def _log_softplus(z):
   return jnp.where(z < _LOG_SOFTPLUS_CUT, z, jnp.log(_softplus(safe)))
 
 
-def log_psi(name: str, s: jax.Array, half_sq_norm: jax.Array) -> jax.Array:
-  r"""log ψ_k(x) of a separable attention map, elementwise, without underflow.
+def _log_psi_favor(s, half_sq_norm):
+  return s - half_sq_norm
 
-  ``s = x Ωᵀ: [..., N]``, ``half_sq_norm = ‖x‖²/2: [..., 1]``; ``name`` one of the
-  six separable attention maps (``softmaxfeat``: ``attention_log_psi``):
+
+def _log_psi_elu(s, half_sq_norm):
+  del half_sq_norm
+  return jnp.where(s > 0, jnp.log1p(jnp.maximum(s, 0.0)), s)
+
+
+def _log_psi_softplus(s, half_sq_norm):
+  del half_sq_norm
+  return _log_softplus(s)
+
+
+def _log_psi_sigmoid2(s, half_sq_norm):
+  del half_sq_norm
+  return -2.0 * _softplus(-s)
+
+
+def _log_psi_cos2(s, half_sq_norm):
+  del half_sq_norm
+  c = jnp.cos(s)
+  return jnp.log(jnp.maximum(c * c, jnp.finfo(s.dtype).tiny))
+
+
+def _log_psi_porf_softplus(s, half_sq_norm):
+  return _log_softplus(s - half_sq_norm)
+
+
+def _log_psi_softmaxfeat(s, half_sq_norm):
+  del half_sq_norm
+  both = jnp.concatenate([s, -s], axis=-1)
+  return math.log(both.shape[-1]) + jax.nn.log_softmax(both, axis=-1)
+
+
+def _log_psi_hedgehog(s, half_sq_norm):
+  del half_sq_norm
+  return jnp.concatenate([s, -s], axis=-1) - 0.5 * math.log(2.0)
+
+
+def log_psi(name: str, s: jax.Array, half_sq_norm: jax.Array) -> jax.Array:
+  r"""log ψ_k(x) of a separable positive map, elementwise, without underflow.
+
+  ``s = x Ωᵀ: [..., N]``, ``half_sq_norm = ‖x‖²/2: [..., 1]``; ``name`` a registered
+  separable map with a log ψ of one feature per particle (the library's six below;
+  ``softmaxfeat`` and ``hedgehog``: ``attention_log_psi``):
 
   * favor: s − ‖x‖²/2;
   * elu: log1p(s) for s > 0, else s (ψ = eˢ there);
@@ -204,37 +246,24 @@ def log_psi(name: str, s: jax.Array, half_sq_norm: jax.Array) -> jax.Array:
   Primitives only (``where``, ``maximum``, ``exp``, ``log``, ``log1p``, ``cos``), so
   the Pallas kernels call it too.
   """
-  if name == 'favor':
-    return s - half_sq_norm
-  if name == 'elu':
-    return jnp.where(s > 0, jnp.log1p(jnp.maximum(s, 0.0)), s)
-  if name == 'softplus':
-    return _log_softplus(s)
-  if name == 'sigmoid2':
-    return -2.0 * _softplus(-s)
-  if name == 'cos2':
-    c = jnp.cos(s)
-    return jnp.log(jnp.maximum(c * c, jnp.finfo(s.dtype).tiny))
-  if name == 'porf_softplus':
-    return _log_softplus(s - half_sq_norm)
-  raise ValueError(f'feature_map: no elementwise log ψ for {name!r}; the separable '
-                   f'attention maps are {tuple(m for m in ATTENTION_FEATURE_MAPS if m != "softmaxfeat")}.')
+  spec = _REGISTRY.get(name) if isinstance(name, str) else None
+  if spec is None or spec.log_psi is None or spec.per_particle != 1 or not spec.separable:
+    elementwise = tuple(n for n, m in _REGISTRY.items()
+                        if m.log_psi is not None and m.per_particle == 1 and m.separable)
+    raise ValueError(f'feature_map: no elementwise log ψ for {name!r}; the separable '
+                     f'positive maps of one feature per particle are {elementwise}.')
+  return spec.log_psi(s, half_sq_norm)
 
 
 def attention_log_psi(name: str, s: jax.Array, half_sq_norm: jax.Array) -> jax.Array:
-  r"""log ψ(x) ``[..., F]`` of any map in ``KERNEL_ATTENTION_MAPS``, from s and ‖x‖²/2.
+  r"""log ψ(x) ``[..., F]`` of any positive map (``names(positive=True)``), from s and ‖x‖²/2.
 
-  ``log_psi`` for the six elementwise maps; for ``softmaxfeat`` (F = 2N)
-  log ψ = log 2N + log_softmax([s, −s]); for ``hedgehog`` (F = 2N)
-  log ψ = [s, −s] − ½·log 2. So φ(x) = exp(log ψ) / √N exactly (where it does not
-  under- or overflow).
+  The registered log ψ (``register``): ``log_psi`` for the six elementwise maps; for
+  ``softmaxfeat`` (F = 2N) log ψ = log 2N + log_softmax([s, −s]); for ``hedgehog``
+  (F = 2N) log ψ = [s, −s] − ½·log 2. So φ(x) = exp(log ψ) / √N exactly (where it does
+  not under- or overflow).
   """
-  if name == 'softmaxfeat':
-    both = jnp.concatenate([s, -s], axis=-1)
-    return math.log(both.shape[-1]) + jax.nn.log_softmax(both, axis=-1)
-  if name == 'hedgehog':
-    return jnp.concatenate([s, -s], axis=-1) - 0.5 * math.log(2.0)
-  return log_psi(name, s, half_sq_norm)
+  return get(name, positive=True).log_psi(s, half_sq_norm)
 
 
 def log_features(x: jax.Array, omega: jax.Array, feature_map: str) -> jax.Array:
@@ -251,9 +280,7 @@ def log_features(x: jax.Array, omega: jax.Array, feature_map: str) -> jax.Array:
 
 
 def _check_attention_map(name) -> None:
-  if name not in KERNEL_ATTENTION_MAPS:
-    raise ValueError(f'feature_map must be one of the attention maps '
-                     f'{KERNEL_ATTENTION_MAPS}, got {name!r}.')
+  get(name, positive=True)
 
 
 def attention_pair(q: jax.Array, k: jax.Array, omega: jax.Array, feature_map: str = 'favor',
@@ -412,73 +439,215 @@ def taylor(x: jax.Array, omega: jax.Array) -> jax.Array:
                           second / (math.sqrt(2.0) * math.sqrt(n))], axis=-1)
 
 
-FEATURE_MAPS = {
-    'rff': rff,
-    'favor': favor,
-    'elu': elu,
-    'softplus': softplus,
-    'sigmoid2': sigmoid2,
-    'cos2': cos2,
-    'softmaxfeat': softmaxfeat,
-    'porf_softplus': porf_softplus,
-    'hedgehog': hedgehog,
-    'taylor': taylor,
-}
-"""Name → feature map. ``rff`` is the synthetic study's map, ``hedgehog`` the
-softmax-mimicry baseline, ``taylor`` Based's polynomial map; the other seven are the
-paper's positive attention maps."""
+# ----------------------------------------------------------------------------- registry
+
+class MapSpec(NamedTuple):
+  """A registered feature map (``register``; read with ``get``).
+
+  Attributes:
+    name: its name, the ``feature_map=`` string everywhere in the library.
+    phi: ``phi(x [..., d], omega [N, d]) -> [..., F]``, the map itself (scaled 1/√N).
+    log_psi: ``log_psi(s = x Ωᵀ [..., N], ‖x‖²/2 [..., 1]) -> [..., F]`` for a positive
+      map (φ = exp(log ψ)/√N: the attention paths stabilise in this space); None for a
+      signed map.
+    per_particle: F / N (1 or 2), when ``num_features`` is not given.
+    separable: whether feature k (or pair k) depends on ω_k only.
+    attention: whether linear attention takes it: every positive map; a signed map whose
+      kernel is positive (``taylor``) as stored features.
+    num_features: ``N -> F``.
+  """
+  name: str
+  phi: FeatureMap
+  log_psi: Optional[Callable[[jax.Array, jax.Array], jax.Array]]
+  per_particle: int
+  separable: bool
+  attention: bool
+  num_features: Callable[[int], int]
+
+
+_REGISTRY = {}
+_BUILTIN = frozenset()      # the library's own maps, set once they are registered below
+
+
+def register(name: str, *, log_psi: Optional[Callable] = None, phi: Optional[FeatureMap] = None,
+             per_particle: int = 1, separable: bool = True, attention: Optional[bool] = None,
+             num_features: Optional[Callable[[int], int]] = None,
+             replace: bool = False) -> MapSpec:
+  r"""Adds a feature map under ``name``; every ``feature_map=`` of the library then takes it.
+
+  A positive map is given by its log ψ: ``log_psi(s, half_sq_norm)`` with s = x Ωᵀ
+  ``[..., N]`` and ‖x‖²/2 ``[..., 1]`` → ``[..., per_particle·N]``; then φ = exp(log ψ)/√N
+  (``phi``, if also given, is the direct form used outside attention, e.g. by the label
+  Hamiltonian), and the attention paths stabilise it in log space, exact at any input
+  scale. A signed map is given by ``phi(x, omega)`` alone (``rff``); ``attention=True``
+  lets linear attention take it as stored features when its kernel is positive
+  (``taylor``). The Pallas kernels compute the maps they were written for
+  (``pallas_attention.PALLAS_FEATURE_MAPS``); for any other, ``implementation='auto'``
+  takes the XLA path and ``'pallas'`` refuses in one line.
+
+  Example (the same log ψ as ``elu`` under a new name)::
+
+    features.register('my_elu', log_psi=features.get('elu').log_psi)
+    models.KernelAttention(num_heads=2, feature_map='my_elu')
+
+  Args:
+    name: a new name (``replace=True`` to redefine one of yours; the library's own maps
+      cannot be redefined).
+    log_psi, phi: as above; at least one.
+    per_particle: F / N of ``log_psi`` or ``phi``.
+    separable: feature k (or pair k) depends on ω_k only (the data term splits per
+      particle: ``parallel``, ``langevin`` use it).
+    attention: None: True for a positive map, False for a signed one.
+    num_features: ``N -> F`` when F is not ``per_particle·N``.
+  """
+  if not isinstance(name, str) or not name.isidentifier():
+    raise ValueError(f'name must be an identifier string, got {name!r}.')
+  if name in _BUILTIN:
+    raise ValueError(f'name: {name!r} is one of the library\'s maps {tuple(sorted(_BUILTIN))}, '
+                     'which the Pallas kernels and the committed results compute; register '
+                     'another name.')
+  if name in _REGISTRY and not replace:
+    raise ValueError(f'name: {name!r} is registered already; pass replace=True to redefine '
+                     'it.')
+  if log_psi is None and phi is None:
+    raise ValueError(f'register({name!r}): give log_psi (a positive map) or phi (a signed '
+                     'map), got neither.')
+  for arg, fn in (('log_psi', log_psi), ('phi', phi), ('num_features', num_features)):
+    if fn is not None and not callable(fn):
+      raise ValueError(f'{arg} must be a function, got {type(fn).__name__}.')
+  _checks.check_int('per_particle', per_particle, 1)
+  if attention is None:
+    attention = log_psi is not None
+  if phi is None:
+    phi = _phi_from_log_psi(log_psi)
+  count = num_features or (lambda n, k=per_particle: k * n)
+  spec = MapSpec(name, phi, log_psi, per_particle, bool(separable), bool(attention), count)
+  _REGISTRY[name] = spec
+  return spec
+
+
+def _phi_from_log_psi(log_psi):
+  def phi(x: jax.Array, omega: jax.Array) -> jax.Array:
+    x, s = _projection(x, omega)
+    return jnp.exp(log_psi(s, _half_sq_norm(x))) / math.sqrt(omega.shape[0])
+  return phi
+
+
+def get(name, *, positive: Optional[bool] = None, attention: Optional[bool] = None) -> MapSpec:
+  """The ``MapSpec`` registered as ``name``; one ValueError naming it and the names that fit.
+
+  ``positive=True`` (a log ψ) / ``attention=True`` (linear attention takes it): refuse a
+  map without that property, naming the maps that have it.
+  """
+  spec = _REGISTRY.get(name) if isinstance(name, str) else None
+  if spec is None and positive is None and attention is None:
+    raise ValueError(f'feature_map: unknown name {name!r}; known names: {sorted(_REGISTRY)}.')
+  fits = names(positive=positive, attention=attention)
+  if spec is None:
+    raise ValueError(f'feature_map must be one of {fits}, got {name!r}.')
+  if attention and not spec.attention:
+    raise ValueError(f'feature_map: {name!r} is not non-negative and its kernel is not '
+                     f'positive; use an attention map {fits}.')
+  if positive is not None and (spec.log_psi is not None) != positive:
+    what = 'attention maps' if positive else 'signed maps'
+    why = 'a signed map: no log ψ' if positive else 'a positive map'
+    raise ValueError(f'feature_map must be one of the {what} {fits}, got {name!r} ({why}).')
+  if attention is False and spec.attention:
+    raise ValueError(f'feature_map must be one of {fits}, got {name!r}.')
+  return spec
+
+
+def names(*, positive: Optional[bool] = None, attention: Optional[bool] = None) -> tuple:
+  """The registered names, in registration order; ``positive``: only the maps with (True)
+  or without (False) a log ψ; ``attention``: only those linear attention takes (or not)."""
+  return tuple(n for n, m in _REGISTRY.items()
+               if (positive is None or (m.log_psi is not None) == positive)
+               and (attention is None or m.attention == attention))
+
+
+register('rff', phi=rff, per_particle=2)
+register('favor', log_psi=_log_psi_favor, phi=favor)
+register('elu', log_psi=_log_psi_elu, phi=elu)
+register('softplus', log_psi=_log_psi_softplus, phi=softplus)
+register('sigmoid2', log_psi=_log_psi_sigmoid2, phi=sigmoid2)
+register('cos2', log_psi=_log_psi_cos2, phi=cos2)
+register('softmaxfeat', log_psi=_log_psi_softmaxfeat, phi=softmaxfeat, per_particle=2,
+         separable=False)
+register('porf_softplus', log_psi=_log_psi_porf_softplus, phi=porf_softplus)
+register('hedgehog', log_psi=_log_psi_hedgehog, phi=hedgehog, per_particle=2)
+register('taylor', phi=taylor, separable=False, attention=True,
+         num_features=lambda n: 1 + n + n * n)
+_BUILTIN = frozenset(_REGISTRY)
+
+
+class _Maps(collections.abc.Mapping):
+  """``FEATURE_MAPS``: name → φ of every registered map (a live view of the registry)."""
+
+  def __getitem__(self, name):
+    if name not in _REGISTRY:
+      raise KeyError(name)
+    return _REGISTRY[name].phi
+
+  def __iter__(self):
+    return iter(_REGISTRY)
+
+  def __len__(self):
+    return len(_REGISTRY)
+
+  def __repr__(self):
+    return f'FEATURE_MAPS({list(_REGISTRY)})'
+
+
+FEATURE_MAPS = _Maps()
+"""Name → φ of every registered map (``register``): ``rff`` (the synthetic study's),
+the paper's seven attention maps, ``hedgehog`` and ``taylor``, and any added at run time."""
+
+
+def __getattr__(attr):
+  """Names that follow the registry (module attributes computed when read, PEP 562)."""
+  if attr == 'KERNEL_ATTENTION_MAPS':      # every map with a log ψ: the log-space paths
+    return names(positive=True)
+  if attr == 'SIGNED_ATTENTION_MAPS':      # signed maps attention takes as stored features
+    return names(positive=False, attention=True)
+  raise AttributeError(f'module {__name__!r} has no attribute {attr!r}')
+
 
 ATTENTION_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2',
                           'softmaxfeat', 'porf_softplus')
-"""The paper's seven attention maps, in its order (the text variants' maps)."""
-
-KERNEL_ATTENTION_MAPS = ATTENTION_FEATURE_MAPS + ('hedgehog',)
-"""Every map linear attention takes (``attention_pair``, ``models.KernelAttention``, the
-fused and causal XLA paths): the paper's seven and ``hedgehog``. The Pallas kernels
-take ``pallas_attention.PALLAS_FEATURE_MAPS`` (not ``hedgehog``; ``'auto'`` then uses
-the XLA path)."""
-
-SIGNED_ATTENTION_MAPS = ('taylor',)
-"""Maps with signed features but a positive kernel, which ``models.KernelAttention`` takes
-as stored features (no log-space form, so not the fused or Pallas paths)."""
-
-_SEPARABLE = frozenset(FEATURE_MAPS) - {'softmaxfeat', 'taylor'}
-
-
-_TWO_PER_PARTICLE = frozenset({'rff', 'softmaxfeat', 'hedgehog'})
+"""The paper's seven attention maps, in its order: a study's choice (``configs/text.py``
+reads them from here for one release; new code should use ``names``)."""
 
 
 def num_features(name: str, num_particles: int) -> int:
   """F, the length of φ(x), for ``num_particles`` particles of the map ``name``: 2N for
   ``rff``, ``softmaxfeat`` and ``hedgehog`` ([·(s), ·(−s)] or [cos s, sin s]), 1 + N + N²
-  for ``taylor``, N otherwise."""
-  get_feature_map(name)
-  if name == 'taylor':
-    return 1 + num_particles + num_particles ** 2
-  return 2 * num_particles if name in _TWO_PER_PARTICLE else num_particles
+  for ``taylor``, N otherwise (a registered map: its ``num_features``)."""
+  return get(name).num_features(num_particles)
 
 
 def get_feature_map(name: Union[str, FeatureMap]) -> FeatureMap:
-  """The feature map called ``name``; a callable is returned unchanged."""
+  """The feature map called ``name`` (its φ); a callable is returned unchanged."""
   if callable(name):
     return name
-  if name not in FEATURE_MAPS:
+  if not isinstance(name, str) or name not in _REGISTRY:
     raise ValueError(
-        f'feature_map: unknown name {name!r}; known names: {sorted(FEATURE_MAPS)}.')
-  return FEATURE_MAPS[name]
+        f'feature_map: unknown name {name!r}; known names: {sorted(_REGISTRY)}.')
+  return _REGISTRY[name].phi
 
 
 def is_separable(feature_map: Union[str, FeatureMap]) -> bool:
   """Whether feature k depends on ω_k only (so the data term splits per particle).
 
-  True for the library's maps except ``softmaxfeat``; a user callable counts as
-  separable only if it carries the attribute ``separable = True``.
+  A registered map: its ``separable`` (False for ``softmaxfeat`` and ``taylor``); a user
+  callable counts as separable only if it carries the attribute ``separable = True``.
   """
-  fn = get_feature_map(feature_map)
-  for name in _SEPARABLE:
-    if fn is FEATURE_MAPS[name]:
-      return True
-  return bool(getattr(fn, 'separable', False))
+  if isinstance(feature_map, str):
+    get_feature_map(feature_map)
+    return _REGISTRY[feature_map].separable
+  for spec in _REGISTRY.values():
+    if feature_map is spec.phi:
+      return spec.separable
+  return bool(getattr(feature_map, 'separable', False))
 
 
 def _check_sizes(num_particles: int, dim: int, key) -> None:

@@ -163,12 +163,7 @@ class KernelAttention(nn.Module):
     """
     if self.qk_mode not in QK_MODES:
       raise ValueError(f'qk_mode must be one of {QK_MODES}, got {self.qk_mode!r}.')
-    if self.feature_map == 'rff':
-      raise ValueError("feature_map: 'rff' is not non-negative; use an attention map "
-                       f'{features.KERNEL_ATTENTION_MAPS}.')
-    maps = features.KERNEL_ATTENTION_MAPS + features.SIGNED_ATTENTION_MAPS
-    if self.feature_map not in maps:
-      raise ValueError(f'feature_map must be one of {maps}, got {self.feature_map!r}.')
+    spec = features.get(self.feature_map, attention=True)   # rff: one line naming the maps
     _checks.check_rank('x', x, 3)
     b, length, width = x.shape
     kv = x if inputs_kv is None else inputs_kv
@@ -210,7 +205,7 @@ class KernelAttention(nn.Module):
     self.sow('intermediates', flax_attention.PHASE_A_INPUTS, masked_mean(k, mask, axis=1))
     if self.causal_path not in CAUSAL_PATHS:
       raise ValueError(f'causal_path must be one of {CAUSAL_PATHS}, got {self.causal_path!r}.')
-    if self.feature_map in features.SIGNED_ATTENTION_MAPS:
+    if spec.log_psi is None:           # a signed map (taylor): stored features
       out = self._signed_attention(q, k, v, particles, mask)
     elif self.causal and self.causal_path == 'materialized':
       out = attention.materialized_causal_attention(

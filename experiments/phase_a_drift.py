@@ -41,7 +41,7 @@ import numpy as np
 from flax import traverse_util
 
 from coulomb_jax import data
-from coulomb_jax import features
+from configs import text as text_config
 from coulomb_jax import langevin
 from coulomb_jax import training
 from experiments import grid
@@ -52,7 +52,7 @@ from experiments.run import run_folder
 from experiments.run import train_config
 
 _DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(grid.DATASETS)}.')
-_MAPS = flags.DEFINE_list('feature_maps', list(features.ATTENTION_FEATURE_MAPS),
+_MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS),
                           'Attention feature maps (kernel-<map> variants).')
 _BATCHES = flags.DEFINE_integer('batches', 20, 'Phase A batches the drift is measured on.')
 _DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'The data folder.')
@@ -144,9 +144,9 @@ def main(argv):
   dataset = _DATASET.value
   if dataset not in grid.DATASETS:
     raise ValueError(f'--dataset: expected one of {sorted(grid.DATASETS)}, got {dataset!r}.')
-  bad = [m for m in _MAPS.value if m not in features.ATTENTION_FEATURE_MAPS]
+  bad = [m for m in _MAPS.value if m not in text_config.MAPS]
   if bad:
-    raise ValueError(f'--feature_maps: {bad} not in {features.ATTENTION_FEATURE_MAPS}.')
+    raise ValueError(f'--feature_maps: {bad} not in {text_config.MAPS}.')
   if _BATCHES.value < 1:
     raise ValueError(f'--batches: expected an integer >= 1, got {_BATCHES.value}.')
   trained = bool(_TRAINED_RUNS.value)

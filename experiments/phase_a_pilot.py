@@ -30,7 +30,7 @@ from absl import flags
 import ml_collections
 import numpy as np
 
-from coulomb_jax import features
+from configs import text as text_config
 from experiments import grid
 from experiments.common import provenance
 from experiments.run import phase_a_report
@@ -57,7 +57,7 @@ SETTINGS = {
 _RUNS = flags.DEFINE_string('runs', 'workdir/learn', 'Grid root of the after_b Vanilla-X runs.')
 _DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(grid.DATASETS)}.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the Vanilla-X runs.')
-_MAPS = flags.DEFINE_list('feature_maps', list(features.ATTENTION_FEATURE_MAPS), 'Maps.')
+_MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS), 'Maps.')
 _SETTINGS = flags.DEFINE_list('settings', list(SETTINGS), f'From {list(SETTINGS)}.')
 _EPOCHS = flags.DEFINE_integer('phase_a_epochs', 0, 'Phase A epochs per layer (0: the '
                                "Vanilla-X run's config value).")
@@ -126,9 +126,9 @@ def main(argv):
   bad = [s for s in _SETTINGS.value if s not in SETTINGS]
   if bad:
     raise ValueError(f'--settings: {bad} not in {list(SETTINGS)}.')
-  bad = [m for m in _MAPS.value if m not in features.ATTENTION_FEATURE_MAPS]
+  bad = [m for m in _MAPS.value if m not in text_config.MAPS]
   if bad:
-    raise ValueError(f'--feature_maps: {bad} not in {features.ATTENTION_FEATURE_MAPS}.')
+    raise ValueError(f'--feature_maps: {bad} not in {text_config.MAPS}.')
   vanilla = {m: grid.run_dir(_RUNS.value, dataset, f'vanilla-{m}', _SEED.value)
              for m in _MAPS.value}
   for m, d in vanilla.items():

@@ -118,8 +118,8 @@ def _check_model(m) -> None:
   """``config.model``: the attention, its feature map, and the sizes."""
   if m.attention not in models.ATTENTION_KINDS:
     _fail('model.attention', m.attention, f'one of {models.ATTENTION_KINDS}')
-  if m.feature_map not in features.ATTENTION_FEATURE_MAPS:
-    _fail('model.feature_map', m.feature_map, f'one of {features.ATTENTION_FEATURE_MAPS}')
+  if m.feature_map not in features.names(positive=True):
+    _fail('model.feature_map', m.feature_map, f'one of {features.names(positive=True)}')
   if m.qk_mode not in models.QK_MODES:
     _fail('model.qk_mode', m.qk_mode, f'one of {models.QK_MODES}')
   for field in ('num_features', 'width', 'num_layers', 'num_heads', 'ffn_dim',
