@@ -2,9 +2,10 @@ r"""Converting a trained softmax encoder to linear attention with fitted feature
 
 Every head's softmax attention is replaced by linear attention with that head's fitted
 rows: the encoder is rebuilt with ``attention_fns`` (``models.EncoderClassifier``), one
-``flax_attention.kernel_attention_fn(omega_layer [H, M, d])`` per layer, which
-``nn.MultiHeadDotProductAttention`` calls on its own projections; the parameters are the
-trained ones, unchanged. Measured on the test split:
+``flax_attention.kernel_attention_fn(omega_layer [H, M, d])`` per layer
+(``coulomb_jax.conversion.linear_attention_fns``), which ``nn.MultiHeadDotProductAttention``
+calls on its own projections; the parameters are the trained ones, unchanged. Measured on
+the test split:
 
 * ``zero_shot``: the converted model as it is;
 * ``finetuned``: after one short epoch (``conversion.finetune_rows`` training rows, batch
@@ -23,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from coulomb_jax import conversion as lib_conversion
 from coulomb_jax import data
-from coulomb_jax import flax_attention
 from coulomb_jax import metrics as metrics_lib
 from coulomb_jax import training
 
@@ -32,12 +33,13 @@ METRICS = ('accuracy', 'log_loss', 'ece')
 
 
 def converted_model(encoder, omega: jax.Array, feature_map: str):
-  """The encoder with each head's attention linear: ``omega: [G = layers·H, M, d]``."""
+  """The encoder with each head's attention linear: ``omega: [G = layers·H, M, d]``
+  (``coulomb_jax.conversion.linear_attention_fns``, one per layer)."""
   m = encoder.config.model
-  per_layer = jnp.reshape(omega, (m.num_layers, m.num_heads) + omega.shape[1:])
-  fns = tuple(flax_attention.kernel_attention_fn(per_layer[i], feature_map)
-              for i in range(m.num_layers))
-  return encoder.model.clone(attention_fns=fns)
+  layout = tuple(((f'attention_{i}', 'mha'), m.num_heads) for i in range(m.num_layers))
+  omegas = lib_conversion.split_heads(jnp.asarray(omega), layout)
+  return encoder.model.clone(attention_fns=lib_conversion.linear_attention_fns(omegas,
+                                                                                feature_map))
 
 
 def evaluate(model, params, rows: data.Encoded, batch_size: int = 256,

@@ -9,18 +9,18 @@ LayerNorm'd input, ``[B, L, H, D_h]``, and softmax(q kᵀ/√D_h) is the head's 
 
 ``head_batches`` runs the encoder (no dropout) over rows of a split and returns, per
 batch, every layer's and head's q, k, v stacked on one *group* axis ``G = layers × heads``
-(group ``g = layer·H + head``), so every head is fitted and measured at once (vmapped).
+(group ``g = layer·H + head``), so every head is fitted and measured at once (vmapped);
+the projections are read by ``coulomb_jax.conversion.attention_records``.
 """
 
 import os
 from typing import List, NamedTuple
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from coulomb_jax import conversion
 from coulomb_jax import data
 from coulomb_jax import models
 from experiments import train
@@ -106,25 +106,16 @@ def split_rows(encoder: Encoder, split: str, size: int, seed: int, skip: int = 0
                       np.asarray(enc.labels)[keep])
 
 
-def _is_projection(module, method_name):
-  del method_name
-  return isinstance(module, nn.DenseGeneral) and module.name in ('query', 'key', 'value')
+def _make_capture(model):
+  """Jitted ``capture(params, batch) -> {q, k, v: [G, B, L, D_h]}``: every layer's heads on
+  one group axis (``conversion.attention_records`` and ``stack_heads``)."""
+  inputs = lambda b: (b['ids'], b['segments'], b['mask'])
 
-
-def _make_capture(model, num_layers):
   @jax.jit
   def capture(params, batch):
-    _, state = model.apply({'params': params}, batch['ids'], batch['segments'], batch['mask'],
-                           capture_intermediates=_is_projection, mutable=['intermediates'])
-    inter = state['intermediates']
-    out = {}
-    for name in ('query', 'key', 'value'):
-      per_layer = [inter[f'attention_{i}']['mha'][name]['__call__'][0]
-                   for i in range(num_layers)]                       # [B, L, H, D] each
-      x = jnp.stack(per_layer, axis=0)                               # [layers, B, L, H, D]
-      x = jnp.moveaxis(x, 3, 1)                                      # [layers, H, B, L, D]
-      out[name[0]] = x.reshape((-1,) + x.shape[2:])                  # [G, B, L, D]
-    return out
+    records = conversion.attention_records(model, {'params': params}, batch, inputs=inputs)
+    stacked, _ = conversion.stack_heads(records)
+    return {n: stacked[n] for n in 'qkv'}
   return capture
 
 
@@ -138,7 +129,7 @@ def head_batches(encoder: Encoder, rows: data.Encoded, batch_size: int,
   if encoder.config.model.attention != 'softmax':
     raise cli.ConfigError(f'{encoder.run_dir}: model.attention is '
                           f'{encoder.config.model.attention!r}, not softmax.')
-  capture = _make_capture(encoder.model, encoder.config.model.num_layers)
+  capture = _make_capture(encoder.model)
   out = []
   for batch in data.batches(rows, batch_size, seed=seed, pad_multiple=pad_multiple):
     qkv = {n: np.asarray(a) for n, a in capture(encoder.params, batch).items()}

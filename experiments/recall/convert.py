@@ -7,10 +7,13 @@ builds the same ``CausalLM`` with ``KernelAttention`` of ``method`` (N features 
 ``attn``: the kernel path scales q and k by D_h^{-1/4}, so FAVOR+ estimates the teacher's
 exp(q·k/√D_h) exactly in expectation), and then:
 
-1. **Fit** (``fit_steps`` steps, every weight but the features frozen): the features move
-   on the softmax-mimicry Hamiltonian of each layer's own (= the teacher's) queries and
-   keys (``lm.MimicrySettings``: Hedgehog's cross-entropy between softmax and linear
-   attention rows, plus λ·repulsion for the particles):
+1. **Fit** (``fit_steps`` steps, every weight but the features frozen; ``fit_step``): the
+   features move on the softmax-mimicry Hamiltonian of each layer's own queries and keys
+   (layer 1's are the teacher's; a later layer's follow the features below it), recorded
+   from the student at every step on a fresh batch (``coulomb_jax.conversion``:
+   ``attention_records``, then ``head_grads`` of ``mimicry_energy`` with the settings of
+   ``lm.MimicrySettings``: Hedgehog's cross-entropy between softmax and linear attention
+   rows, plus λ·repulsion for the particles), moved by the particles' transformation:
 
    ==================== ==================================================================
    ``particles_softmax`` projected Langevin (the teacher's ``config.particles``: β, R,
@@ -39,11 +42,14 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import serialization
+from flax import traverse_util
 from flax.training import train_state
 
+from coulomb_jax import conversion
 from coulomb_jax import lm
 from coulomb_jax import mqar
 from coulomb_jax import training
@@ -110,6 +116,36 @@ def _state(model, params, particle_tx, rest_tx):
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
+def fit_step(model, feature_map: str, settings: lm.MimicrySettings):
+  """Jitted ``step(state, batch) -> state``: one move of every ``particles`` leaf of ``model``.
+
+  Each attention layer's own unscaled (q, k) on the batch's first ``settings.rows``
+  sequences (``conversion.attention_records``) give the per-head gradient of
+  ``conversion.mimicry_energy`` (λ, Riesz s, ε, target of ``settings``;
+  ``conversion.head_grads``); ``state``'s optimizer moves the particles with it and
+  must leave the rest as it is (``optax.set_to_zero``, ``_state``).
+  """
+  if settings.with_task_gradient:
+    raise ValueError('settings: the fit moves the features by the mimicry force alone; got '
+                     'with_task_gradient=True.')
+  energy = conversion.mimicry_energy(feature_map, lam=settings.lam, riesz_s=settings.riesz_s,
+                                     softening=settings.softening, target=settings.target)
+
+  def step(state, batch):
+    records = conversion.attention_records(model, {'params': state.params}, batch,
+                                           inputs=lambda b: (b.inputs,))
+    params = traverse_util.flatten_dict(state.params)
+    grads = {k: jnp.zeros_like(v) for k, v in params.items()}
+    for path, r in records.items():
+      leaf = path + (training.PARTICLES,)
+      _, grads[leaf] = conversion.head_grads(
+          energy, params[leaf], r.q[:, :settings.rows], r.k[:, :settings.rows],
+          {'key_mask': None, 'query_mask': None})
+    return state.apply_gradients(grads=traverse_util.unflatten_dict(grads))
+
+  return jax.jit(step)
+
+
 def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetune_steps: int,
             hedgehog_learning_rate: float = 3e-3, particle_step_size: float = 3e-3,
             log=run_lib.log_line,
@@ -144,10 +180,11 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
     particle_tx = built.particle_tx if method == 'particles_softmax' else optax.adam(
         hedgehog_learning_rate)
     state = _state(model, params, particle_tx, optax.set_to_zero())
+    step = fit_step(model, built.feature_map, settings)
     for t in range(fit_steps):
       batch = mqar.mqar_batch(jax.random.fold_in(keys['train'], 10_000_000 + t),
                               config.train.batch_size, **data)
-      state, _ = lm.train_step(state, batch, settings, built.feature_map)
+      state = step(state, batch)
     params = state.params
   zero_shot = run_lib.evaluate(params, model, config, keys['eval'])
   log(f'{workdir}: teacher {teacher_result["accuracy"]:.4f}, zero-shot {method} '
