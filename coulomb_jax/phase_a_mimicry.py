@@ -27,7 +27,8 @@ from coulomb_jax import flax_attention
 from coulomb_jax import langevin_diagnostics
 from coulomb_jax import mimicry
 from coulomb_jax import repulsion
-from coulomb_jax.training import PARTICLES, TrainState, particle_leaves, sown
+from coulomb_jax.training import (PARTICLES, TrainState, nonfinite_counts,
+                                  particle_leaves, sown)
 
 MIMICRY_INPUTS = flax_attention.MIMICRY_INPUTS
 """The name the kernel layers sow the unscaled per-head (q, k) under."""
@@ -139,9 +140,12 @@ def make_phase_a_mimicry_step(model: nn.Module, optimizer: optax.GradientTransfo
   queries and keys (one encoder forward per step). ``only``: the path of one
   attention module; only its term is computed (pass ``phase_a_optimizer(...,
   only=path)``): the layer-wise stages, on the inputs of the layers below as they
-  are. Metrics: ``hamiltonian``, ``cross_entropy``, ``repulsion``, ``max_move`` and
-  with ``langevin_settings`` ``drift_to_noise`` and ``repulsion_to_alignment``
-  (λ‖∇W‖/‖∇CE‖) ``[P]``. ``inputs``, ``mask`` and ``apply_kwargs``: as
+  are. Metrics: ``hamiltonian``, ``cross_entropy``, ``repulsion``, ``max_move``,
+  ``nonfinite_particles`` / ``nonfinite_grads`` (as the label target's) and with
+  ``langevin_settings`` ``drift_to_noise`` and ``repulsion_to_alignment``
+  (λ‖∇W‖/‖∇CE‖) ``[P]``. The target compares each layer's linear attention rows with
+  softmax rows over *all* real keys of the sequence, also in a causal model: a kernel
+  fidelity target (causality changes which keys a row sums over, not the kernel). ``inputs``, ``mask`` and ``apply_kwargs``: as
   ``training.make_phase_a_step`` (the public builder; ``target='softmax'`` calls this).
   """
   kw = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
@@ -157,7 +161,9 @@ def make_phase_a_mimicry_step(model: nn.Module, optimizer: optax.GradientTransfo
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     moves = [jnp.max(jnp.linalg.norm(u, axis=-1)) for u in particle_leaves(updates, only).values()]
-    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)))
+    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)),
+                   nonfinite_particles=nonfinite_counts(state.params, only),
+                   nonfinite_grads=nonfinite_counts(grads, only))
     if langevin_settings is not None:
       ls = langevin_settings
       metrics.update(drift_to_noise=langevin_diagnostics.drift_to_noise(

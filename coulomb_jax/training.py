@@ -77,6 +77,11 @@ class TrainState(NamedTuple):
   params: Any
   opt_state: Any
 
+  @classmethod
+  def create(cls, params, optimizer: optax.GradientTransformation) -> 'TrainState':
+    """Step 0, ``params`` and ``optimizer.init(params)``: the state a phase starts from."""
+    return cls(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+
 
 def partition_labels(params, only: Optional[Sequence[str]] = None) -> Any:
   """``'particles'`` for every leaf named ``particles``, ``'rest'`` otherwise.

@@ -147,3 +147,22 @@ def test_mistakes_are_one_line_naming_the_argument():
                                        weight_decay=0.0, clip_norm=1.0)
     training.make_phase_b_step(model, opt_b, inputs=INPUTS)(
         jax.random.key(0), training.TrainState(0, params, opt_b.init(params)), batch)
+
+
+def test_train_state_create_and_both_targets_report_nonfinite_particles():
+  model, params, batch = _setup()
+  opt = training.phase_a_optimizer(jax.random.key(2), step_size=1e-2, beta=float('inf'),
+                                   radius=10.0, clip_norm=10.0)
+  state = training.TrainState.create(params, opt)
+  assert int(state.step) == 0
+  assert jax.tree.structure(state.opt_state) == jax.tree.structure(opt.init(params))
+  flat = traverse_util.flatten_dict(params)
+  flat[('block_1', 'particles')] = flat[('block_1', 'particles')].at[1, 0, 0].set(jnp.nan)
+  bad = training.TrainState.create(traverse_util.unflatten_dict(flat), opt)
+  common = dict(inputs=INPUTS, feature_map='favor', lam=0.0, s=1.0, softening=1e-3)
+  for target, extra in (('labels', dict(labels=lambda b: b['y'])),
+                        ('softmax', dict(mask=lambda b: b['m']))):
+    step = jax.jit(training.make_phase_a_step(model, opt, target=target, **common, **extra))
+    _, metrics = step(bad, batch)
+    first = training.first_nonfinite(jax.device_get(metrics))
+    assert first == ('particles', 'block_1/particles', 1, 1), (target, first)

@@ -300,8 +300,8 @@ def _calibrated_step(run, index, stage, what):
   objective = _objective(config, cal['lam'])
   diag = dict(step_size=cal['step_size'], beta=cal['beta'], clip_norm=a.clip_norm)
   if _softmax(config):      # Token batches for one layer too: q and k are not cached.
-    step_fn = jax.jit(phase_a_mimicry.make_phase_a_mimicry_step(
-        run.model, opt, only=only, langevin_settings=diag, **objective))
+    step_fn = jax.jit(training.make_phase_a_step(run.model, opt, target='softmax', only=only,
+                                                 langevin_settings=diag, **objective))
     table = None
   elif stage.layer is None:
     step_fn = jax.jit(training.make_phase_a_step(run.model, opt, langevin_settings=diag,
