@@ -215,3 +215,17 @@ def check_nonnegative(name: str, value: Any, allow_inf: bool = False) -> None:
   """A finite number >= 0; NaN, ±inf, strings and non-scalars are refused
   (``allow_inf=True``: +∞ allowed, as ``check_positive``)."""
   _check_bound(name, value, lambda v: v >= 0, '>= 0', allow_inf)
+
+
+PRECISIONS = ('default', 'high', 'highest')
+"""``precision`` as a string (or a ``jax.lax.Precision``, or None: the backend's default)."""
+
+
+def check_precision(precision):
+  """``precision`` as a ``jax.lax.Precision`` or None; a bad value names the argument."""
+  if precision is None or isinstance(precision, jax.lax.Precision):
+    return precision
+  if isinstance(precision, str) and precision.lower() in PRECISIONS:
+    return jax.lax.Precision[precision.upper()]
+  raise ValueError(f'precision must be None, a jax.lax.Precision or one of {PRECISIONS}, '
+                   f'got {precision!r}.')

@@ -24,18 +24,10 @@ features (``features.attention_pair``, the fused and Pallas paths) the denominat
 is ≥ 1/M, so the guard only acts on rows without any real key."""
 
 
-PRECISIONS = ('default', 'high', 'highest')
-"""``precision`` as a string (or a ``jax.lax.Precision``, or None: the backend's default)."""
+PRECISIONS = _checks.PRECISIONS
 
 
-def check_precision(precision):
-  """``precision`` as a ``jax.lax.Precision`` or None; a bad value names the argument."""
-  if precision is None or isinstance(precision, jax.lax.Precision):
-    return precision
-  if isinstance(precision, str) and precision.lower() in PRECISIONS:
-    return jax.lax.Precision[precision.upper()]
-  raise ValueError(f'precision must be None, a jax.lax.Precision or one of {PRECISIONS}, '
-                   f'got {precision!r}.')
+check_precision = _checks.check_precision   # one definition (coulomb_jax._checks)
 
 
 def check_eps(eps) -> float:

@@ -27,15 +27,14 @@ import jax
 
 from coulomb_jax import _checks
 from coulomb_jax import alignment
-from coulomb_jax import attention_core
 from coulomb_jax import features
 from coulomb_jax import repulsion
 
 
 def matmul_precision(precision):
-  """A context applying ``precision`` (checked: ``attention_core.check_precision``) to the
+  """A context applying ``precision`` (checked: ``_checks.check_precision``) to the
   matrix products traced inside it; None: the backend's default (no context)."""
-  precision = attention_core.check_precision(precision)
+  precision = _checks.check_precision(precision)
   if precision is None:
     return contextlib.nullcontext()
   return jax.default_matmul_precision(precision.name.lower())

@@ -53,8 +53,13 @@ from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import repulsion
 
-MIMICRY_FEATURE_MAPS = features.KERNEL_ATTENTION_MAPS
-"""Maps the mimicry functions accept: the seven attention maps and ``hedgehog``."""
+def __getattr__(attr):
+  """``MIMICRY_FEATURE_MAPS``: the maps the mimicry functions accept, read from the registry
+  when asked (``features.names(positive=True)``: the seven attention maps, ``hedgehog``
+  and any positive map registered since)."""
+  if attr == 'MIMICRY_FEATURE_MAPS':
+    return features.names(positive=True)
+  raise AttributeError(f'module {__name__!r} has no attribute {attr!r}')
 
 TARGETS = ('cross_entropy', 'kl', 'alignment')
 """Data terms of ``mimicry_hamiltonian``: CE, KL, or −(softmax-kernel alignment)."""
@@ -63,8 +68,8 @@ TARGETS = ('cross_entropy', 'kl', 'alignment')
 # ----------------------------------------------------------------------------- checks
 
 def _check_map(feature_map) -> None:
-  if not isinstance(feature_map, str) or feature_map not in MIMICRY_FEATURE_MAPS:
-    raise ValueError(f'feature_map must be one of {MIMICRY_FEATURE_MAPS}, got '
+  if not isinstance(feature_map, str) or feature_map not in features.names(positive=True):
+    raise ValueError(f'feature_map must be one of {features.names(positive=True)}, got '
                      f'{feature_map!r}.')
 
 
@@ -167,6 +172,9 @@ def hedgehog_log_features(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def _log_features(x, omega, feature_map):
+  """log φ of any positive map (``features.log_features``). ``hedgehog`` keeps its own
+  expression, [s, −s] − ½·log(2M), which rounds differently from the registry's
+  [s, −s] − ½·log 2 − ½·log M: the committed mimicry results were computed with it."""
   if feature_map == 'hedgehog':
     return hedgehog_log_features(x, omega)
   return features.log_features(x, omega, feature_map)

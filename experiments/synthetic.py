@@ -51,7 +51,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from coulomb_jax import _checks
+from coulomb_jax import checks
 from coulomb_jax import repulsion
 from coulomb_jax import synthetic
 from experiments.analysis import loading
@@ -70,16 +70,16 @@ def check_config(config):
     raise ValueError(f'config.methods: unknown {sorted(unknown)}; known: '
                      f'{list(methods.METHODS)}.')
   d, lcfg, hcfg = config.data, config.langevin, config.hamiltonian
-  _checks.check_int('config.data.dim', d.dim, synthetic.MIN_DIM)
-  _checks.check_int('config.num_seeds', config.num_seeds, 1)
+  checks.check_int('config.data.dim', d.dim, synthetic.MIN_DIM)
+  checks.check_int('config.num_seeds', config.num_seeds, 1)
   for name in ('num_train', 'num_val', 'num_test'):
-    _checks.check_int(f'config.data.{name}', d[name], 2)
+    checks.check_int(f'config.data.{name}', d[name], 2)
   for noise in d.noise_levels:
-    _checks.check_nonnegative('config.data.noise_levels entry', noise)
-  _checks.check_int('config.report.noise_index', config.report.noise_index, 0,
+    checks.check_nonnegative('config.data.noise_levels entry', noise)
+  checks.check_int('config.report.noise_index', config.report.noise_index, 0,
                     len(d.noise_levels) - 1)
   for n in config.features.budgets:
-    _checks.check_int('config.features.budgets entry', n, 1)
+    checks.check_int('config.features.budgets entry', n, 1)
   if config.report.ablation_budget not in config.features.budgets:
     raise ValueError(f'config.report.ablation_budget must be one of config.features.budgets '
                      f'{list(config.features.budgets)}, got {config.report.ablation_budget}.')
@@ -91,19 +91,19 @@ def check_config(config):
     if not values:
       raise ValueError(f'{name} must not be empty, got {values!r}.')
     for v in values:
-      _checks.check_positive(f'{name} entry', v)
-  _checks.check_positive('config.rbf_svm.gamma', config.rbf_svm.gamma)
-  _checks.check_int('config.importance.candidates_factor', config.importance.candidates_factor, 1)
-  _checks.check_nonnegative('config.importance.rho_factor', config.importance.rho_factor)
+      checks.check_positive(f'{name} entry', v)
+  checks.check_positive('config.rbf_svm.gamma', config.rbf_svm.gamma)
+  checks.check_int('config.importance.candidates_factor', config.importance.candidates_factor, 1)
+  checks.check_nonnegative('config.importance.rho_factor', config.importance.rho_factor)
   repulsion.resolve_exponent(hcfg.s, d.dim)
-  _checks.check_nonnegative('config.hamiltonian.softening', hcfg.softening)
+  checks.check_nonnegative('config.hamiltonian.softening', hcfg.softening)
   for name in ('step_size', 'beta', 'radius_scale'):
-    _checks.check_positive(f'config.langevin.{name}', lcfg[name])
+    checks.check_positive(f'config.langevin.{name}', lcfg[name])
   if lcfg.clip_norm is not None:
-    _checks.check_positive('config.langevin.clip_norm', lcfg.clip_norm)
-  _checks.check_int('config.langevin.batch_size', lcfg.batch_size, 2, d.num_train)
-  _checks.check_int('config.langevin.num_epochs', lcfg.num_epochs, 1)
-  _checks.check_nonnegative('config.langevin.tol', lcfg.tol)
+    checks.check_positive('config.langevin.clip_norm', lcfg.clip_norm)
+  checks.check_int('config.langevin.batch_size', lcfg.batch_size, 2, d.num_train)
+  checks.check_int('config.langevin.num_epochs', lcfg.num_epochs, 1)
+  checks.check_nonnegative('config.langevin.tol', lcfg.tol)
 
 
 def describe_variant(config, variant=None) -> str:

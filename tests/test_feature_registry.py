@@ -113,3 +113,23 @@ def test_the_kernels_run_only_the_maps_they_know():
       q, q, q, om, feature_map=COPY)).trace(q, omega).lower(
           lowering_platforms=('cuda',)).as_text()
   assert 'triton' not in lowered
+
+
+def test_the_mimicry_hamiltonian_and_the_drop_in_take_the_copy_bit_for_bit():
+  from coulomb_jax import flax_attention  # pylint: disable=g-import-not-at-top
+  from coulomb_jax import mimicry  # pylint: disable=g-import-not-at-top
+  assert COPY in mimicry.MIMICRY_FEATURE_MAPS
+  q, k, v = _qkv()
+  q, k = jnp.moveaxis(q, 2, 0), jnp.moveaxis(k, 2, 0)       # [H, B, L, d]
+  omega = jax.random.normal(jax.random.key(9), (8, 8))
+  for target in mimicry.TARGETS:
+    h = lambda name: mimicry.mimicry_hamiltonian(omega, q[0], k[0], feature_map=name, lam=0.1,
+                                                 s=1.0, softening=0.5, target=target)
+    np.testing.assert_array_equal(np.asarray(h(COPY)), np.asarray(h('elu')))
+    g = lambda name: jax.grad(lambda w: mimicry.mimicry_hamiltonian(
+        w, q[0], k[0], feature_map=name, lam=0.1, s=1.0, softening=0.5, target=target))(omega)
+    np.testing.assert_array_equal(np.asarray(g(COPY)), np.asarray(g('elu')))
+  omegas = jax.random.normal(jax.random.key(10), (2, 8, 8))
+  q, k = jnp.moveaxis(q, 0, 2), jnp.moveaxis(k, 0, 2)
+  out = lambda name: flax_attention.kernel_attention_fn(omegas, name)(q, k, v)
+  np.testing.assert_array_equal(np.asarray(out(COPY)), np.asarray(out('elu')))

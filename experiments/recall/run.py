@@ -37,7 +37,7 @@ import ml_collections
 import numpy as np
 from flax import serialization
 
-from coulomb_jax import _checks
+from coulomb_jax import checks
 from coulomb_jax import diagnostics
 from coulomb_jax import langevin_diagnostics
 from coulomb_jax import lm
@@ -61,24 +61,24 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if config.method not in methods.METHODS:
       raise ValueError(f'config.method must be one of {methods.METHODS}, got {config.method!r}.')
     d, m, t, p = config.data, config.model, config.train, config.particles
-    _checks.check_int('config.seed', config.seed, 0)
+    checks.check_int('config.seed', config.seed, 0)
     mqar.check_mqar_args(d.num_eval, d.vocab_size, d.seq_len, d.num_pairs, d.power_a)
     for name in ('width', 'num_layers', 'num_heads', 'num_features', 'chunk_size'):
-      _checks.check_int(f'config.model.{name}', m[name], 1)
-    _checks.check_int('config.model.mlp_ratio', m.mlp_ratio, 0)
-    _checks.check_int('config.data.train_examples', d.train_examples, 0)
-    _checks.check_int('config.data.num_valid', d.num_valid, 1)
+      checks.check_int(f'config.model.{name}', m[name], 1)
+    checks.check_int('config.model.mlp_ratio', m.mlp_ratio, 0)
+    checks.check_int('config.data.train_examples', d.train_examples, 0)
+    checks.check_int('config.data.num_valid', d.num_valid, 1)
     if d.train_examples and d.train_examples < t.batch_size:
       raise ValueError(f'config.data.train_examples must be 0 or >= config.train.batch_size='
                        f'{t.batch_size}, got {d.train_examples}.')
     if t.schedule not in SCHEDULES:
       raise ValueError(f'config.train.schedule must be one of {SCHEDULES}, got {t.schedule!r}.')
-    _checks.check_nonnegative('config.train.early_stop', t.early_stop)
+    checks.check_nonnegative('config.train.early_stop', t.early_stop)
     if t.early_stop > 1:
       raise ValueError(f'config.train.early_stop must be in [0, 1], got {t.early_stop}.')
-    _checks.check_int('config.train.eval_every', t.eval_every, 1)
-    _checks.check_nonnegative('config.particles.relative_lam', p.relative_lam)
-    _checks.check_nonnegative('config.particles.drift_to_noise', p.drift_to_noise)
+    checks.check_int('config.train.eval_every', t.eval_every, 1)
+    checks.check_nonnegative('config.particles.relative_lam', p.relative_lam)
+    checks.check_nonnegative('config.particles.drift_to_noise', p.drift_to_noise)
     if m.causal_path not in models.CAUSAL_PATHS:
       raise ValueError(f'config.model.causal_path must be one of {models.CAUSAL_PATHS}, '
                        f'got {m.causal_path!r}.')
@@ -89,17 +89,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f'config.model.num_features must be even for {config.method} (N/2 rows '
                        f'give N features), got {m.num_features}.')
     for name in ('steps', 'batch_size', 'checkpoint_every', 'log_every'):
-      _checks.check_int(f'config.train.{name}', t[name], 1)
-    _checks.check_positive('config.train.learning_rate', t.learning_rate)
-    _checks.check_nonnegative('config.train.weight_decay', t.weight_decay)
+      checks.check_int(f'config.train.{name}', t[name], 1)
+    checks.check_positive('config.train.learning_rate', t.learning_rate)
+    checks.check_nonnegative('config.train.weight_decay', t.weight_decay)
     for name in ('step_size', 'beta', 'radius', 'clip_norm'):
-      _checks.check_positive(f'config.particles.{name}', p[name])
-    _checks.check_nonnegative('config.particles.lam', p.lam)
-    _checks.check_nonnegative('config.particles.softening', p.softening)
+      checks.check_positive(f'config.particles.{name}', p[name])
+    checks.check_nonnegative('config.particles.lam', p.lam)
+    checks.check_nonnegative('config.particles.softening', p.softening)
     if p.target not in mimicry.TARGETS:
       raise ValueError(f'config.particles.target must be one of {mimicry.TARGETS}, '
                        f'got {p.target!r}.')
-    _checks.check_int('config.particles.rows', p.rows, 1)
+    checks.check_int('config.particles.rows', p.rows, 1)
   except ValueError as e:
     raise cli.ConfigError(str(e)) from None
 
