@@ -1,12 +1,12 @@
-"""A tiny end-to-end run of experiments/theory.py."""
+"""A tiny end-to-end run of studies/theory."""
 
 import json
 import os
 
 import numpy as np
 
-from configs import theory as theory_config
-from experiments import theory
+from studies.theory import command as theory
+from studies.theory import config as theory_config
 
 
 def test_theory_tiny_run(tmp_path, capsys):
@@ -33,7 +33,7 @@ def test_theory_tiny_run(tmp_path, capsys):
   assert set(results['sliced_wasserstein_initial']) == {4, 8}
   assert all(s > 0 for s in results['kernel_spread'][100.0].values())
   with open(tmp_path / 'theory.json') as f:
-    assert json.load(f)['command'].startswith('python -m experiments.theory')
+    assert json.load(f)['command'].startswith('python -m studies.theory')
   assert 'log-log slope' in (tmp_path / 'theory.md').read_text()
   for name in ('fig_theory_free_energy.png', 'fig_theory_sw_vs_n.png',
                'fig_theory_kernel_spread.png'):

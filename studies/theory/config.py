@@ -1,7 +1,7 @@
 r"""The theory figures: free energy along a run, N vs 2N clouds, kernel spread.
 
-  python -m experiments.theory --config=configs/theory.py --workdir=workdir/theory
-  python -m experiments.theory --config=configs/theory.py:quick --workdir=/tmp/theory
+  python -m studies.theory --config=studies/theory/config.py --workdir=workdir/theory
+  python -m studies.theory --config=studies/theory/config.py:quick --workdir=/tmp/theory
 """
 
 import ml_collections

@@ -1,6 +1,6 @@
 r"""The paper's theory, measured: three figures for docs/theory.md.
 
-  python -m experiments.theory --config=configs/theory.py --workdir=workdir/theory
+  python -m studies.theory --config=studies/theory/config.py --workdir=workdir/theory
 
 1. Free energy F_β = H − β⁻¹·ĥ along a run (ĥ the k-NN entropy of the cloud;
    ``diagnostics.free_energy``): the McKean–Vlasov flow decreases F_β.
@@ -16,11 +16,6 @@ behind the figures, with log-log slopes against N) and ``fig_theory_*.png``.
 
 import json
 import os
-import sys
-
-if __name__ == '__main__' and not __package__:
-  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags
@@ -234,7 +229,7 @@ def summary_markdown(results):
 
 
 def run_theory(config, workdir):
-  meta = tables.run_metadata('experiments.theory')
+  meta = tables.run_metadata('studies.theory')
   key = jax.random.key(config.seed)
   data_key, eval_key, fe_key, sw_key, spread_key = jax.random.split(key, 5)
   x, y = synthetic.make_classification(data_key, config.data.num_train, config.data.dim,
@@ -263,7 +258,8 @@ def main(argv):
   run_theory(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
-if __name__ == '__main__':
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.theory``."""
   # Flags are defined here, not at import, so tests can import every experiment module.
   config_flags.DEFINE_config_file('config', None, 'Theory config.', lock_config=True)
   flags.DEFINE_string('workdir', None, 'Directory for theory.json and figures.')
