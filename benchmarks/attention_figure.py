@@ -1,6 +1,6 @@
 r"""The figure of kernel attention's cost against softmax, from ``benchmarks.attention``'s JSON.
 
-  python -m experiments.attention_figure --attention=benchmarks/results/attention.json \
+  python -m benchmarks.attention_figure --attention=benchmarks/results/attention.json \
       --out=docs/figures/performance_attention.png
 
 draws time and memory against the sequence length L, one line per implementation
@@ -8,17 +8,13 @@ draws time and memory against the sequence length L, one line per implementation
 """
 
 import json
-import os
 import sys
-
-if __name__ == '__main__' and not __package__:
-  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags
 
 from experiments.analysis import plots
+from experiments.common import cli
 
 
 def main(argv):
@@ -32,4 +28,4 @@ if __name__ == '__main__':
   _ATTENTION = flags.DEFINE_string('attention', 'benchmarks/results/attention.json',
                                    'The JSON of benchmarks.attention.')
   _OUT = flags.DEFINE_string('out', 'docs/figures/performance_attention.png', 'The PNG.')
-  app.run(main)
+  cli.run(main, config_flags=())

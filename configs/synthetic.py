@@ -73,7 +73,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # Repulsion weights λ of the ablation: the paper's grid {0, 0.2, 0.5, 0.8, 1, 1.5}
   # (0.5 is the proposed method, 0 no repulsion) plus 0.01 and 0.05, because in
   # this normalisation W is O(0.1–1) while A is O(0.01–0.1), so λ ≥ 0.2 lets the
-  # repulsion dominate (seen in the validation pilot, experiments/synthetic_pilot.py).
+  # repulsion dominate (seen in the validation pilot, studies/synthetic_pilot).
   config.hamiltonian.lams = [0.0, 0.01, 0.05, 0.2, 0.5, 0.8, 1.0, 1.5]
   # Riesz exponent: 'coulomb' is s = p − 2.
   config.hamiltonian.s = 'coulomb'
@@ -82,7 +82,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
 
   config.langevin = ml_collections.ConfigDict()
   # Step size η (drift η·N·∇H) and inverse temperature β (noise √(2η/β)): picked
-  # from an earlier run on other seeds; experiments/synthetic_pilot.py checks them on
+  # from an earlier run on other seeds; studies/synthetic_pilot checks them on
   # validation data of seeds the study never uses (η ∈ {0.03, 0.3, 3} × β ∈ {1e4, 1e6}:
   # they tie for the best gain averaged over λ; docs/synthetic.md has its output).
   config.langevin.step_size = 0.3

@@ -223,7 +223,7 @@ def get_text_config(task: str, variant: str = '') -> ml_collections.ConfigDict:
 
   if 'learn' in modifiers:
     # Phase A in the regime where the particles learn (docs/phase_a_learning.md), chosen on
-    # Rotten Tomatoes validation rows by experiments/phase_a_pilot.py (setting 'repel_log',
+    # Rotten Tomatoes validation rows by studies/phase_a_pilot (setting 'repel_log',
     # results/phase_a_pilot_rotten_tomatoes.md): Phase A after Phase B has trained the
     # encoder, every layer's step, temperature and repulsion set from the measured forces.
     # The paper's two phases stay the default (no modifier).

@@ -32,7 +32,7 @@ uses recorded batch ``t % len(recorded)`` and noise key ``fold_in(key, t)`` spli
 groups. The rows of a sequence are compared over all its recorded keys, so for a causal
 model the target is the kernel (causality changes which keys a row sums, not the kernel):
 run it with ``causal=True``. A fit inside a model (each step records the converted model's
-own attention; ``experiments/recall/convert.py``) uses ``attention_records`` and
+own attention; ``studies/mqar_convert/convert.py``) uses ``attention_records`` and
 ``head_grads`` with its own optimiser.
 
 Example (``model`` takes its layers' attention functions from a field ``attention_fns``)::
@@ -88,7 +88,7 @@ class AttentionRecord(NamedTuple):
 
 
 class FitSettings(NamedTuple):
-  """The fit's constants (defaults: the mimicry study's, ``configs/softmax_mimicry.py``)."""
+  """The fit's constants (defaults: the mimicry study's, ``studies/softmax_mimicry/config.py``)."""
   step_size: float = 0.03          # η of the Langevin methods
   beta: float = 1e4                # β of ``particles`` (``gradient_flow``: ∞)
   lam: float = 1e-3                # λ of the repulsion (``gradient_flow``: 0)

@@ -44,17 +44,12 @@ from absl import logging
 
 from configs import text
 from experiments.common import cli
+from experiments.run.train_config import DATASETS, run_dir
 
-# Config files, relative to the repository root.
-DATASETS = {'sst2': 'configs/sst2.py', 'rotten_tomatoes': 'configs/rotten_tomatoes.py',
-            'qqp_subset': 'configs/qqp.py'}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Each run is this file launched by path: it works from any current folder.
-TRAIN = os.path.join(REPO_ROOT, 'experiments', 'train.py')
-
-
-def run_dir(workdir, dataset, variant, seed):
-  return os.path.join(workdir, dataset, variant, f'seed{seed}')
+# Each run is `python -m experiments.train` with the repository root importable: it works
+# from any current folder.
+TRAIN = ['-m', 'experiments.train']
 
 
 def plan(datasets, variants, seeds, workdir, expected=None):
@@ -133,6 +128,7 @@ def run_all(runs, jobs=1, no_new_runs_after_s=0, kill_after_s=0, poll_s=0.2):
   (unless set), so that no process takes most of a shared GPU's memory up front.
   """
   env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(p for p in (REPO_ROOT, env.get('PYTHONPATH')) if p)
   if jobs > 1:
     env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   todo, running, failed, ended = list(runs), {}, [], set()
@@ -248,7 +244,7 @@ def commands(fv, overrides) -> list:
   check_overrides(fv.dataset, variants, overrides)
   expected = lambda dataset, variant, seed, out: load_config(
       dataset, variant, run_args(fv, overrides, dataset, variant, seed, out))
-  return [(out, [sys.executable, TRAIN] + run_args(fv, overrides, dataset, variant, seed, out))
+  return [(out, [sys.executable] + TRAIN + run_args(fv, overrides, dataset, variant, seed, out))
           for dataset, variant, seed, out in plan(fv.dataset, variants, seeds, fv.workdir,
                                                    expected)]
 

@@ -16,7 +16,7 @@ out as ``<dataset>/<variant>/seed<s>/``) and writes
   map, per seed both variants have, summarised the same way; ``paired_ball`` the
   same for Kernel-X − Ball-X (the control), ``paired_ball_vanilla`` for
   Ball-X − Vanilla-X (what the projection alone does). ``reference`` is
-  the TF-IDF row of ``experiments.tfidf_baseline`` (``<out>/tfidf/<dataset>.json``)
+  the TF-IDF row of ``studies.tfidf_baseline`` (``<out>/tfidf/<dataset>.json``)
   when that file exists.
 * ``--docs``: one table per dataset (variants in the order of
   ``configs.text.VARIANTS``, then the reference), the commands, commits,

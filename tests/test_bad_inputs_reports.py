@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from experiments import phase_a_learning
+from studies.phase_a_learning import command as phase_a_learning
 from experiments import report
 from experiments.analysis import loading
 from experiments.common import provenance
@@ -187,7 +187,7 @@ def _learning_run(root, variant, seed, accuracy):
 
 
 def _learned_grid(tmp_path):
-  """A learning grid, reported once by experiments.phase_a_learning; returns
+  """A learning grid, reported once by studies.phase_a_learning; returns
   ``(the Kernel-X seed-0 folder, the command's arguments)``."""
   grid = str(tmp_path / 'grid')
   for seed, (k, b, v) in enumerate([(0.72, 0.70, 0.69), (0.74, 0.71, 0.70)]):
@@ -208,7 +208,7 @@ def _learned_grid(tmp_path):
 def test_a_phase_a_stage_without_heldout_is_refused(tmp_path):
   kernel, args = _learned_grid(tmp_path)
   path = _damage_results(kernel, lambda r: r['phase_a']['stages'][0].pop('heldout'))
-  assert _fails(tmp_path, 'experiments.phase_a_learning', *args) == (
+  assert _fails(tmp_path, 'studies.phase_a_learning', *args) == (
       f"{path}: Phase A stage 0 (phase_a.stages[0]) has no 'heldout' section (the held-out "
       'alignment each stage records); rerun the run or remove its folder from the grid.')
 
@@ -218,7 +218,7 @@ def test_a_corrupt_history_is_refused(tmp_path):
   path = os.path.join(kernel, 'history.jsonl')
   with open(path, 'a') as f:
     f.write('{"stage": 1, "phase_a_step": 6, "heldout": \n')  # cut: no value
-  assert _fails(tmp_path, 'experiments.phase_a_learning', *args) == (
+  assert _fails(tmp_path, 'studies.phase_a_learning', *args) == (
       f'{path}:3: not valid JSON (Expecting value at character 45); the run folder is '
       'damaged: restore the file or rerun the run.')
 

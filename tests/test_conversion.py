@@ -193,7 +193,7 @@ def test_bad_arguments_are_one_line_each(trained):
 # ----------------------------------------------------------------------------- unchanged
 
 def _old_mimicry_fit(method, key, omega0, batches, s, steps):
-  """The mimicry study's fit as it was before the library (experiments/mimicry/fit.py at
+  """The mimicry study's fit as it was before the library (studies/softmax_mimicry/fit.py at
   b038356), for particles_labels and hedgehog: the bit-for-bit reference."""
   from coulomb_jax import hamiltonian  # pylint: disable=g-import-not-at-top
 
@@ -252,7 +252,7 @@ def _study_encoder():
   """A tiny random softmax encoder as the mimicry study reads it (``encoders.Encoder``)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   from coulomb_jax import data  # pylint: disable=g-import-not-at-top
-  from experiments.mimicry import encoders  # pylint: disable=g-import-not-at-top
+  from studies.softmax_mimicry import encoders  # pylint: disable=g-import-not-at-top
   model = models.EncoderClassifier(vocab_size=40, max_length=16, width=16, num_layers=2,
                                    num_heads=2, ffn_dim=32, dropout_rate=0.0,
                                    attention='softmax')
@@ -269,9 +269,9 @@ def _study_encoder():
 
 @pytest.mark.parametrize('method', ('particles_labels', 'hedgehog'))
 def test_the_mimicry_study_fits_as_before_bit_for_bit(method):
-  from configs import softmax_mimicry as study_config  # pylint: disable=g-import-not-at-top
-  from experiments.mimicry import encoders  # pylint: disable=g-import-not-at-top
-  from experiments.mimicry import fit  # pylint: disable=g-import-not-at-top
+  from studies.softmax_mimicry import config as study_config  # pylint: disable=g-import-not-at-top
+  from studies.softmax_mimicry import encoders  # pylint: disable=g-import-not-at-top
+  from studies.softmax_mimicry import fit  # pylint: disable=g-import-not-at-top
   enc, rows = _study_encoder()
   batches = encoders.head_batches(enc, rows, 8, 16, seed=0)
   s = study_config.get_config().fit
@@ -285,7 +285,7 @@ def test_the_mimicry_study_fits_as_before_bit_for_bit(method):
 
 
 def test_the_lm_conversion_fits_as_lm_train_step_did_bit_for_bit():
-  from experiments.recall import convert  # pylint: disable=g-import-not-at-top
+  from studies.mqar_convert import convert  # pylint: disable=g-import-not-at-top
   model = lm.CausalLM(vocab_size=32, max_len=16, width=16, num_layers=2, num_heads=2,
                       attention='kernel', feature_map='favor', num_features=8, orthogonal=True)
   params = lm.make_state(jax.random.key(0), model, 16).params

@@ -149,7 +149,7 @@ def test_unknown_method_is_rejected_before_compute(tmp_path):
 
 
 def test_pilot_runs_on_validation_only(monkeypatch):
-  from experiments import synthetic_pilot   # importable next to experiments.synthetic
+  from studies.synthetic_pilot import command as synthetic_pilot
   monkeypatch.setattr(synthetic_pilot, 'GRID',
                       {'lam': [0.0], 'step_size': [0.3], 'beta': [1e4]})
   monkeypatch.setattr(synthetic_pilot, 'NUM_SEEDS', 1)

@@ -5,9 +5,10 @@
 * ``configs`` import neither ``experiments`` nor ``studies``;
 * outside the library, nothing imports the private ``coulomb_jax._checks`` (the public
   ``coulomb_jax.checks`` holds the same checks);
-* no command module of ``experiments`` (a module with a ``__main__`` block) imports another
-  command module; the ones that still do are listed in ``KNOWN`` and must shrink: a pair
-  that no longer holds fails the test until it is taken off the list.
+* ``experiments`` holds the tools: at most six command modules at its top level (a module
+  with a ``__main__`` block), none importing another, none importing ``studies``;
+* a study (``studies/<name>/``) imports the library and the tools' parts, never a tool's
+  command module nor another study.
 """
 
 import ast
@@ -15,17 +16,6 @@ import glob
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-KNOWN = {
-    ('experiments.mimicry.encoders', 'experiments.train'),
-    ('experiments.phase_a_drift', 'experiments.grid'),
-    ('experiments.phase_a_drift', 'experiments.train'),
-    ('experiments.phase_a_pilot', 'experiments.grid'),
-    ('experiments.phase_a_pilot', 'experiments.train'),
-    ('experiments.phase_a_softmax', 'experiments.phase_a_repulsion'),
-}
-"""(importer, command) pairs that break the command rule today, to move into parts."""
-
 
 def _module(path):
   name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
@@ -71,10 +61,22 @@ def test_nothing_outside_the_library_imports_its_private_checks():
   assert not bad
 
 
-def test_no_command_imports_another_command_beyond_the_known_ones():
-  commands = {_module(p) for p in glob.glob(os.path.join(ROOT, 'experiments', '*.py'))
-              if "__name__ == '__main__'" in open(p, encoding='utf-8').read()}
+def _commands():
+  return {_module(p) for p in glob.glob(os.path.join(ROOT, 'experiments', '*.py'))
+          if "__name__ == '__main__'" in open(p, encoding='utf-8').read()}
+
+
+def test_the_tools_are_at_most_six_commands_importing_no_command_and_no_study():
+  commands = _commands()
+  assert len(commands) <= 6, sorted(commands)
   found = {(m, i) for m, imports in _sources('experiments') for i in imports
-           if i in commands and i != m}
-  assert found - KNOWN == set(), 'new command-to-command imports'
-  assert KNOWN - found == set(), 'fixed: take these off KNOWN'
+           if (i in commands and i != m) or _top(i) == 'studies'}
+  assert not found
+
+
+def test_a_study_imports_no_tool_command_and_no_other_study():
+  commands = _commands()
+  bad = {(m, i) for m, imports in _sources('studies') for i in imports
+         if i in commands or (_top(i) == 'studies' and len(i.split('.')) > 1
+                              and i.split('.')[1] != m.split('.')[1])}
+  assert not bad

@@ -109,7 +109,7 @@ def test_prefix_root_points_every_particle_variant_at_its_vanilla_run():
   assert grid.prefix_override('', 'rotten_tomatoes', 'kernel-elu', 1, out('kernel-elu')) == []
 
 
-def test_runs_launch_train_by_path_with_the_configs_absolute_path(tmp_path):
+def test_runs_launch_train_as_a_module_with_the_configs_absolute_path(tmp_path):
   from absl import flags  # pylint: disable=g-import-not-at-top
   fv = flags.FlagValues()
   grid.define_flags(fv)
@@ -120,8 +120,8 @@ def test_runs_launch_train_by_path_with_the_configs_absolute_path(tmp_path):
   assert [out for out, _ in runs] == [grid.run_dir(str(tmp_path), d, 'softmax', 2)
                                       for d in ('rotten_tomatoes', 'sst2')]
   _, command = runs[1]
-  assert command[:2] == [sys.executable, os.path.join(grid.REPO_ROOT, 'experiments', 'train.py')]
-  assert command[2] == f'--config={os.path.join(grid.REPO_ROOT, "configs", "sst2.py")}:softmax'
-  assert command[3:] == [f'--workdir={runs[1][0]}', '--config.seed=2',
+  assert command[:3] == [sys.executable, '-m', 'experiments.train']
+  assert command[3] == f'--config={os.path.join(grid.REPO_ROOT, "configs", "sst2.py")}:softmax'
+  assert command[4:] == [f'--workdir={runs[1][0]}', '--config.seed=2',
                          f'--config.data.data_dir={tmp_path}',
                          '--config.data.validation_rule=sentences']

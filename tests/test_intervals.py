@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments import phase_a_learning
+from studies.phase_a_learning import command as phase_a_learning
 from experiments.analysis import intervals
 from experiments.analysis import loading
 from experiments.analysis import run_files

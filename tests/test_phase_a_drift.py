@@ -1,12 +1,13 @@
-"""experiments.phase_a_drift on a tiny synthetic task."""
+"""studies.phase_a_drift on a tiny synthetic task."""
 
 import numpy as np
 import pytest
 
 from configs import text
 from coulomb_jax import data
-from experiments import phase_a_drift
+from studies.phase_a_drift import command as phase_a_drift
 from experiments.run import run_folder
+from experiments.run import setup
 
 
 def test_drift_statistics_are_consistent_and_scale_with_the_step_size():
@@ -46,7 +47,7 @@ def test_trained_params_round_trip_and_drift_on_given_params(tmp_path):
   config.data.data_dir = '.'
   config.model.width, config.model.num_features, config.model.ffn_dim = 16, 8, 16
   config.phase_a.batch_size = 16
-  model = train.make_model(config, 40)
+  model = setup.make_model(config, 40)
   example = next(data.batches(encoded['train'], 2))
   init_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)[0]   # As train.py.
   params = model.init(init_key, example['ids'], example['segments'], example['mask'])['params']

@@ -1,4 +1,4 @@
-"""experiments.phase_a_learning on fake run folders: pairing, intervals, diagnostics, files."""
+"""studies.phase_a_learning on fake run folders: pairing, intervals, diagnostics, files."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from experiments import phase_a_learning
+from studies.phase_a_learning import command as phase_a_learning
 
 _METRICS = {'accuracy': 0.7, 'f1_micro': 0.7, 'f1_macro': 0.7, 'f1_weighted': 0.7,
             'roc_auc': 0.8, 'pr_auc': 0.8, 'mcc': 0.4, 'balanced_accuracy': 0.7,

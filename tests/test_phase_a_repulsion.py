@@ -1,11 +1,11 @@
-"""experiments.phase_a_repulsion on hand-made run folders: per-run rows, means, refusals."""
+"""studies.phase_a_repulsion on hand-made run folders: per-run rows, means, refusals."""
 
 import json
 import os
 
 import pytest
 
-from experiments import phase_a_repulsion as rep
+from studies.phase_a_repulsion import command as rep
 
 _PHASE_A = {'schedule': 'after_b', 'after_b_epochs': 3, 'num_epochs': 2, 'relative_step': 0.01,
             'gibbs_tilt': 1000.0, 'softening': 0.5, 'radius': 1.5, 'clip_norm': 10.0,
@@ -116,7 +116,7 @@ def test_the_command_refuses_to_replace_its_file_by_fewer_runs(tmp_path):
   held = {'runs': [{'setting': 'lam1', 'map': 'favor', 'seed': 0}]}
   out.write_text(json.dumps(held))
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  cmd = [sys.executable, '-m', 'experiments.phase_a_repulsion', f'--runs={root}', f'--out={out}']
+  cmd = [sys.executable, '-m', 'studies.phase_a_repulsion', f'--runs={root}', f'--out={out}']
   proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0 and 'refusing to replace results by fewer' in proc.stderr
   assert json.loads(out.read_text()) == held                 # untouched

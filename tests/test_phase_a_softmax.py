@@ -1,11 +1,11 @@
-"""experiments.phase_a_softmax on hand-made run folders: rows, paired means, refusals."""
+"""studies.phase_a_repulsion.softmax on hand-made run folders: rows, paired means, refusals."""
 
 import json
 import os
 
 import pytest
 
-from experiments import phase_a_softmax as pas
+from studies.phase_a_repulsion import softmax as pas
 from experiments.common import cli
 
 _PHASE_A = {'relative_lam': 1.0, 'riesz_s': 'coulomb', 'radius': 1.5}

@@ -154,7 +154,7 @@ def test_the_page_keeps_its_text_and_redraws_its_table(tmp_path):
 def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.recall import convert  # pylint: disable=g-import-not-at-top
+  from studies.mqar_convert import convert  # pylint: disable=g-import-not-at-top
   teacher_dir = str(tmp_path / 'softmax-L16-P2-w16-seed0')
   run.train_and_evaluate(quick(), teacher_dir, lambda *_: None)
   config, teacher, _ = convert.read_teacher(teacher_dir)

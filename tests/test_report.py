@@ -13,7 +13,7 @@ from experiments import report
 from experiments.analysis import loading
 from experiments.analysis import pages
 from experiments.analysis import tables
-from experiments import tfidf_baseline
+from studies.tfidf_baseline import command as tfidf_baseline
 
 META = {'command': 'python -m experiments.report --runs=grid', 'commit': 'abc123',
         'date': '2025-01-02T00:00:00+00:00', 'machine': {'platform': 'cpu', 'cpu_count': 2}}

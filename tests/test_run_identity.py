@@ -24,6 +24,7 @@ from absl import flags
 from test_distributed import _mr_data
 from experiments import grid
 from experiments import train
+from experiments.run import setup
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.run import checkpoints
@@ -80,7 +81,7 @@ def _resave(runs, workdir, change):
   """The folder's newest checkpoint, restored and passed through ``change(ckpt)`` (numpy
   leaves), saved again as the folder's only checkpoint; returns its step."""
   with run_folder.RunFolder(workdir) as folder:
-    run, _ = train.setup_run(runs.config, folder, provenance.run_metadata('test'))
+    run, _ = setup.setup_run(runs.config, folder, provenance.run_metadata('test'))
     if run.writer is not None:
       run.writer.close()
     ckpt = change(jax.tree.map(np.array, run.ckpt))

@@ -1,4 +1,4 @@
-"""The softmax-mimicry study (experiments/mimicry): conversion, fits, fidelity, results file."""
+"""The softmax-mimicry study (studies/softmax_mimicry): conversion, fits, fidelity, results file."""
 
 import json
 import os
@@ -11,17 +11,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import softmax_mimicry as study_config
+from studies.softmax_mimicry import config as study_config
 from coulomb_jax import data
 from coulomb_jax import mimicry
 from coulomb_jax import models
 from experiments.common import cli
-from experiments.mimicry import collect
-from experiments.mimicry import conversion
-from experiments.mimicry import encoders
-from experiments.mimicry import fidelity
-from experiments.mimicry import fit
-from experiments.mimicry import page
+from studies.softmax_mimicry import collect
+from studies.softmax_mimicry import conversion
+from studies.softmax_mimicry import encoders
+from studies.softmax_mimicry import fidelity
+from studies.softmax_mimicry import fit
+from studies.softmax_mimicry import page
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, WIDTH, HEADS, LAYERS = 40, 16, 2, 2
@@ -249,7 +249,7 @@ def test_an_empty_workdir_never_replaces_results(tmp_path):
     (['--runs=/nonexistent'], 'has no results.json'),
 ])
 def test_command_refuses_bad_input_in_one_line(args, message, tmp_path):
-  proc = subprocess.run([sys.executable, '-m', 'experiments.softmax_mimicry',
+  proc = subprocess.run([sys.executable, '-m', 'studies.softmax_mimicry',
                          f'--workdir={tmp_path}/w', f'--out={tmp_path}/r.json'] + args,
                         cwd=REPO, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2, proc.stderr[-2000:]
@@ -265,7 +265,7 @@ def test_command_refuses_bad_input_in_one_line(args, message, tmp_path):
     ('pilot.dataset', 'imdb', 'config.pilot.dataset'),
 ])
 def test_config_is_checked_naming_the_field(field, value, message):
-  from experiments import softmax_mimicry  # pylint: disable=g-import-not-at-top
+  from studies.softmax_mimicry import command as softmax_mimicry  # pylint: disable=g-import-not-at-top
   config = study_config.get_config()
   section, _, name = field.rpartition('.')
   (config[section] if section else config)[name] = value
@@ -274,7 +274,7 @@ def test_config_is_checked_naming_the_field(field, value, message):
 
 
 def test_pilot_chooses_the_lowest_heldout_kl_at_every_n_and_fidelity_uses_it(tmp_path):
-  from experiments.mimicry import study  # pylint: disable=g-import-not-at-top
+  from studies.softmax_mimicry import study  # pylint: disable=g-import-not-at-top
   enc, _, _ = _softmax_encoder()
   config = study_config.get_config()
   config.num_features, config.conversion_features = (4, 8), (8,)

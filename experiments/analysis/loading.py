@@ -173,7 +173,7 @@ def check_config(run_dir: str, results: dict) -> None:
 
 
 def reference_file(dataset: str, validation_rule: str = 'rows') -> str:
-  """``experiments.tfidf_baseline``'s file name for a dataset and validation rule."""
+  """``studies.tfidf_baseline``'s file name for a dataset and validation rule."""
   return f'{dataset}.json' if validation_rule == 'rows' else f'{dataset}_{validation_rule}.json'
 
 

@@ -35,7 +35,7 @@ _ADDED_FIELDS = {'model.chunk_size': 0, 'model.init_radius': 0.0,
 
 def load_reference(tfidf_dir: Optional[str], dataset: str,
                    validation_rule: str = 'rows') -> Optional[dict]:
-  """The TF-IDF row of ``dataset`` (``experiments.tfidf_baseline``'s file in ``tfidf_dir``),
+  """The TF-IDF row of ``dataset`` (``studies.tfidf_baseline``'s file in ``tfidf_dir``),
   its metrics as one-run summaries; None when there is no such file."""
   path = tfidf_dir and os.path.join(tfidf_dir, loading.reference_file(dataset, validation_rule))
   if not path or not os.path.isfile(path):
@@ -46,7 +46,7 @@ def load_reference(tfidf_dir: Optional[str], dataset: str,
   missing += [f'test.{k}' for k in loading.METRICS
               if isinstance(r, dict) and isinstance(r.get('test'), dict) and k not in r['test']]
   if missing:
-    raise cli.ConfigError(f'{path}: the TF-IDF row lacks {missing} (experiments.tfidf_baseline '
+    raise cli.ConfigError(f'{path}: the TF-IDF row lacks {missing} (studies.tfidf_baseline '
                           'writes them); rerun it or pass another --tfidf.')
   metrics = {k: summarize([r['test'][k]]) for k in loading.METRICS}
   metrics['train_seconds'] = summarize([r['train_seconds']])
@@ -223,7 +223,7 @@ def dataset_summary(dataset, runs, unfinished, reference, meta) -> dict:
   if reference is not None and rules and rules != {ref_rule}:
     raise cli.ConfigError(f'{dataset}: the TF-IDF row held validation out by {ref_rule!r}, the '
                           f'runs by {sorted(rules)}; pass --tfidf with a matching row '
-                          f'(experiments.tfidf_baseline --validation_rule).')
+                          f'(studies.tfidf_baseline --validation_rule).')
   return {
       'dataset': dataset, 'split': loading.SPLIT_NAMES[dataset], 'command': meta['command'],
       'commit': meta['commit'], 'date': meta['date'], 'machine': meta['machine'],

@@ -142,13 +142,19 @@ def command_line(argv: Optional[Sequence[str]] = None) -> str:
   if not rel.startswith('..' + os.sep):
     exe = rel if os.sep in rel else os.path.join('.', rel)
   spec = getattr(sys.modules.get('__main__'), '__spec__', None)
-  head = ['-m', spec.name] if spec is not None and spec.name != '__main__' else argv[:1]
+  module = None if spec is None else spec.name.removesuffix('.__main__')
+  head = ['-m', module] if module and module != '__main__' else argv[:1]
   return shlex.join([exe] + head + argv[1:])
 
 
 def program() -> str:
-  """The name errors and reports begin with: the script's, without ``.py``."""
-  return os.path.splitext(os.path.basename(sys.argv[0] or 'experiment'))[0]
+  """The name errors and reports begin with: the script's, without ``.py`` (a package's
+  ``__main__.py``, ``python -m studies.<name>``: the package's name)."""
+  path = sys.argv[0] or 'experiment'
+  name = os.path.splitext(os.path.basename(path))[0]
+  if name == '__main__':
+    name = os.path.basename(os.path.dirname(os.path.abspath(path))) or name
+  return name
 
 
 _EXCEPTION_LINE = re.compile(r'^\s*(?:[\w.]+\.)?\w*(?:Error|Exception): (.*)$')

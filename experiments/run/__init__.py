@@ -10,5 +10,5 @@ every stage shares, and Ball-X's projection), ``phase_a`` (Kernel-X's Langevin s
 and what it records about its dynamics; ``phase_a_report`` aggregates its stage file
 into ``results.json['phase_a']``), ``phase_b`` (AdamW epochs, model selection)
 and ``evaluation`` (metrics, pooled keys: forward passes over a split). ``train.py``
-assembles them and dispatches each stage (``train.run_stage``).
+assembles them and dispatches each stage (``setup.run_stage``).
 """

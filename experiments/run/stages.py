@@ -1,7 +1,7 @@
 r"""The stages of one training run: what every stage shares (``Run``), and Ball-X's projection.
 
 ``experiments/train.py`` turns ``config.phase_a.schedule`` into a list of
-``training.Stage`` (``training.phase_schedule``) and runs each (``train.run_stage``)
+``training.Stage`` (``training.phase_schedule``) and runs each (``setup.run_stage``)
 with one ``Run`` (the run's model, data and checkpointed state). A stage is
 
 * **Phase B** (``experiments.run.phase_b``): epochs of AdamW on everything but the

@@ -1,6 +1,6 @@
 r"""Validation pilot that set the Langevin step size and temperature of the study.
 
-  python -m experiments.synthetic_pilot --config=configs/synthetic.py --workdir=workdir/pilot
+  python -m studies.synthetic_pilot --config=configs/synthetic.py --workdir=workdir/pilot
 
 Draws data sets from an independent root key (``config.seed + 1000``: none of
 the study's data), picks the fixed-RFF bandwidth of the config's grid on
@@ -15,11 +15,6 @@ import itertools
 import json
 import math
 import os
-import sys
-
-if __name__ == '__main__' and not __package__:
-  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags
@@ -68,7 +63,7 @@ def run_pilot(config):
 
 def main(argv):
   del argv
-  meta = tables.run_metadata('experiments.synthetic_pilot')
+  meta = tables.run_metadata('studies.synthetic_pilot')
   print(f"{meta['command']} at commit {meta['commit']} on {json.dumps(meta['machine'])}")
   rows = run_pilot(flags.FLAGS.config)
   for r in sorted(rows, key=lambda r: -r['mean_val_gain']):
@@ -86,7 +81,8 @@ def main(argv):
                                  {**meta, 'rows': rows}, indent=1)
 
 
-if __name__ == '__main__':
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.synthetic_pilot``."""
   # Flags are defined here, not at import, so tests can import every experiment module.
   config_flags.DEFINE_config_file('config', None, 'Study config.', lock_config=True)
   flags.DEFINE_string('workdir', None, 'Directory for pilot.json.')

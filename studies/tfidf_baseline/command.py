@@ -1,6 +1,6 @@
 r"""Reference row: TF-IDF (word uni+bigram) + logistic regression, C chosen on validation.
 
-  python -m experiments.tfidf_baseline --data_dir=../shared/data --out=results/tfidf
+  python -m studies.tfidf_baseline --data_dir=../shared/data --out=results/tfidf
 
 writes ``<out>/<task>.json`` for sst2, rotten_tomatoes and qqp_subset, with the
 same schema as a ``results.json`` of ``experiments.train`` where it makes sense
@@ -32,13 +32,9 @@ as the neural runs). Choices:
 """
 
 import os
-import sys
 import time
 from typing import Optional, Sequence
 
-if __name__ == '__main__' and not __package__:
-  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 from scipy import sparse
@@ -47,6 +43,7 @@ from sklearn import linear_model
 
 from coulomb_jax import data
 from coulomb_jax import metrics as metrics_lib
+from experiments.common import cli
 from experiments.common import provenance
 from experiments.analysis import loading
 
@@ -99,7 +96,7 @@ def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
   if task not in data.TASKS:
     raise ValueError(f'task must be one of {data.TASKS}, got {task!r}.')
   c_grid = check_c_grid(c_grid)
-  meta = meta or provenance.run_metadata('experiments.tfidf_baseline')
+  meta = meta or provenance.run_metadata('studies.tfidf_baseline')
   splits = {s: data.load_split(task, data_dir, s, validation_rule=validation_rule)
             for s in data.SPLITS}
 
@@ -139,7 +136,8 @@ def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
   return results
 
 
-if __name__ == '__main__':
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.tfidf_baseline``."""
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
 
@@ -165,7 +163,7 @@ if __name__ == '__main__':
       c_grid = check_c_grid(_C_GRID.value)
     except ValueError as e:
       raise app.UsageError(f'--{e}') from None
-    meta = provenance.run_metadata('experiments.tfidf_baseline')
+    meta = provenance.run_metadata('studies.tfidf_baseline')
     os.makedirs(_OUT.value, exist_ok=True)
     for task in _TASKS.value:
       predictions = os.path.join(_OUT.value, loading.reference_predictions_file(task, _RULE.value))
@@ -178,4 +176,4 @@ if __name__ == '__main__':
             f"{t['accuracy']:.4f} MCC {t['mcc']:.4f} ECE {t['ece']:.4f} Brier {t['brier']:.4f} "
             f"({r['num_features']} features, {r['train_seconds']:.1f} s)", flush=True)
 
-  app.run(main)
+  cli.run(main, config_flags=())

@@ -1,11 +1,11 @@
 r"""The softmax-mimicry study: fidelity against N and conversion of trained softmax encoders.
 
-  python -m experiments.softmax_mimicry --runs=workdir/softmax --out=results/softmax_mimicry.json
+  python -m studies.softmax_mimicry --runs=workdir/softmax --out=results/softmax_mimicry.json
 
 reads the trained softmax encoders ``<runs>/<dataset>/softmax/seed<k>`` (made by
 ``python -m experiments.grid --variants=softmax ...``, see docs/softmax_mimicry.md),
 fits every method's features to every layer and head, and measures them
-(``experiments/mimicry``). Every field can be overridden (``--config.fit.steps=100``).
+(``studies/softmax_mimicry``). Every field can be overridden (``--config.fit.steps=100``).
 """
 
 import ml_collections

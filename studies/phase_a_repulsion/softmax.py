@@ -1,7 +1,7 @@
 r"""Phase A on the softmax target inside the encoder: closer to softmax, and more accurate?
 
-  experiments/phase_a_repulsion.sh      # the runs: its softmax-target part
-  python -m experiments.phase_a_softmax --runs=workdir/repulsion \
+  studies/phase_a_repulsion/run.sh      # the runs: its softmax-target part
+  python -m studies.phase_a_repulsion.softmax --runs=workdir/repulsion \
       --settings=softmax_coulomb,softmax_log_r12 --labels_setting=lam1_coulomb \
       --out=results/phase_a_softmax.json --docs=docs/softmax_mimicry.md
 
@@ -23,21 +23,18 @@ file that holds runs the folders no longer give is not replaced (``--allow_fewer
 """
 
 import os
-import sys
 from typing import Dict, List
 
-if __name__ == '__main__' and not __package__:
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags
 import numpy as np
 
-from experiments import phase_a_repulsion
+from studies.phase_a_repulsion import command as phase_a_repulsion
 from experiments.analysis import loading
 from experiments.common import cli
 
 FLAGS = flags.FLAGS
-BEGIN = '<!-- phase-a-softmax:begin (written by python -m experiments.phase_a_softmax) -->'
+BEGIN = '<!-- phase-a-softmax:begin (written by python -m studies.phase_a_repulsion.softmax) -->'
 END = '<!-- phase-a-softmax:end -->'
 KL_KINDS = ('initial', 'ball', 'learned')
 CONTROLS = ('ball', 'vanilla', 'labels')
@@ -155,11 +152,12 @@ def main(argv):
     rows = collect(FLAGS.runs, FLAGS.settings, FLAGS.labels_setting, FLAGS.dataset)
   except (ValueError, FileNotFoundError) as e:
     raise cli.ConfigError(str(e)) from None
-  phase_a_repulsion.write_study('experiments.phase_a_softmax', rows, summarize(rows), markdown,
+  phase_a_repulsion.write_study('studies.phase_a_repulsion.softmax', rows, summarize(rows), markdown,
                                 BEGIN, END)
 
 
-if __name__ == '__main__':
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.phase_a_repulsion.softmax``."""
   flags.DEFINE_string('runs', 'workdir/repulsion', 'The study folder (setting sub-folders '
                       'and base/ with the Ball-X and Vanilla-X runs).')
   flags.DEFINE_list('settings', ['softmax_coulomb', 'softmax_log_r12'],
@@ -171,3 +169,7 @@ if __name__ == '__main__':
   flags.DEFINE_string('docs', '', 'Page whose phase-a-softmax block is rewritten (empty: none).')
   flags.DEFINE_bool('allow_fewer', False, 'Replace --out even if it holds runs not found now.')
   cli.run(main)
+
+
+if __name__ == '__main__':
+  launch()

@@ -1,34 +1,30 @@
 r"""Softmax mimicry: how close each feature map gets to trained softmax attention, and what
 converting a trained softmax encoder to it keeps.
 
-  python -m experiments.softmax_mimicry --runs=workdir/softmax --workdir=workdir/softmax_mimicry \
+  python -m studies.softmax_mimicry --runs=workdir/softmax --workdir=workdir/softmax_mimicry \
       --out=results/softmax_mimicry.json --page=docs/softmax_mimicry.md
 
 ``--runs`` holds finished softmax encoders ``<runs>/<dataset>/softmax/seed<k>`` (trained
 by ``python -m experiments.grid --variants=softmax``; docs/softmax_mimicry.md has the
-command). For every dataset and seed it runs the parts of ``experiments/mimicry/study.py``
+command). For every dataset and seed it runs the parts of ``studies/softmax_mimicry/study.py``
 (the pilot once, then fidelity and conversion per encoder), each kept in ``--workdir``
 and skipped when done, so the same command resumes. Then it writes ``--out`` (the binding
 schema of issue 24: ``fidelity`` and ``conversion``, plus ``headline``, ``settings``,
 ``pilot`` and provenance) from every part file there, and, with ``--page``, redraws the
-page's figures and tables between its markers (``experiments/mimicry/page.py``).
+page's figures and tables between its markers (``studies/softmax_mimicry/page.py``).
 ``--collect_only``: only that last step. Every argument is checked before any compute.
 """
 
 import os
-import sys
-
-if __name__ == '__main__' and not __package__:
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags
 from ml_collections import config_flags
 
 from experiments.common import cli
-from experiments.mimicry import collect
-from experiments.mimicry import encoders
-from experiments.mimicry import page as page_lib
-from experiments.mimicry import study
+from studies.softmax_mimicry import collect
+from studies.softmax_mimicry import encoders
+from studies.softmax_mimicry import page as page_lib
+from studies.softmax_mimicry import study
 
 FLAGS = flags.FLAGS
 DATASETS = ('rotten_tomatoes', 'sst2')
@@ -111,8 +107,9 @@ def main(argv):
     page_lib.write_page(table, FLAGS.page, FLAGS.figures)
 
 
-if __name__ == '__main__':
-  config_flags.DEFINE_config_file('config', 'configs/softmax_mimicry.py', 'The study config.',
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.softmax_mimicry``."""
+  config_flags.DEFINE_config_file('config', 'studies/softmax_mimicry/config.py', 'The study config.',
                                   lock_config=False)
   flags.DEFINE_string('runs', 'workdir/softmax', 'Root of the trained softmax encoders.')
   flags.DEFINE_list('datasets', list(DATASETS), f'Datasets, from {DATASETS}.')

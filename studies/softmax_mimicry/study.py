@@ -31,10 +31,10 @@ import numpy as np
 from coulomb_jax import diagnostics
 from experiments.common import cli
 from experiments.common import provenance
-from experiments.mimicry import conversion
-from experiments.mimicry import encoders
-from experiments.mimicry import fidelity
-from experiments.mimicry import fit
+from studies.softmax_mimicry import conversion
+from studies.softmax_mimicry import encoders
+from studies.softmax_mimicry import fidelity
+from studies.softmax_mimicry import fit
 
 PILOT_FIELDS = {'particles_softmax': 'step_size', 'gradient_flow': 'flow_step_size',
                 'particles_labels': 'labels_step_size', 'hedgehog': 'hedgehog_learning_rate'}

@@ -23,7 +23,7 @@ import numpy as np
 from coulomb_jax import conversion
 from coulomb_jax import data
 from coulomb_jax import models
-from experiments import train
+from experiments.run import setup as run_setup
 from experiments.common import cli
 from experiments.run import run_folder
 from experiments.run import train_config
@@ -86,7 +86,7 @@ def load_encoder(path: str) -> Encoder:
   config = ml_collections.ConfigDict(
       run_folder.with_added_fields(run_folder.read_json(os.path.join(path, 'config.json'))))
   encoded, vocab_size = _load_data(config, path)
-  model = train.make_model(config, vocab_size)
+  model = run_setup.make_model(config, vocab_size)
   return Encoder(path, config, model, _params(path), encoded,
                  run_folder.read_json(os.path.join(path, run_folder.RESULTS)))
 

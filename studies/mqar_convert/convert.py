@@ -163,7 +163,7 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
   if os.path.exists(result_path):
     with open(result_path) as f:
       return json.load(f)
-  metadata = metadata or provenance.run_metadata('experiments.mqar_convert')
+  metadata = metadata or provenance.run_metadata('studies.mqar_convert')
   config = grid_lib.apply_overrides(config, {'method': method,
                                              'particles.step_size': particle_step_size})
   run_lib.check_config(config)

@@ -1,6 +1,6 @@
 r"""Drift against noise in Phase A: how far the alignment pulls a particle per step.
 
-  python -m experiments.phase_a_drift --dataset=rotten_tomatoes --out=results
+  python -m studies.phase_a_drift --dataset=rotten_tomatoes --out=results
 
 For each attention feature map, the Kernel-X model of ``configs/<dataset>.py`` is
 built as ``experiments/train.py`` builds it (same seed, data, tokenizer and
@@ -44,14 +44,14 @@ from coulomb_jax import data
 from configs import text as text_config
 from coulomb_jax import langevin
 from coulomb_jax import training
-from experiments import grid
+from experiments.common import cli
 from experiments.common import provenance
 from experiments.run import stages
-from experiments import train
+from experiments.run import setup as run_setup
 from experiments.run import run_folder
 from experiments.run import train_config
 
-_DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(grid.DATASETS)}.')
+_DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(train_config.DATASETS)}.')
 _MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS),
                           'Attention feature maps (kernel-<map> variants).')
 _BATCHES = flags.DEFINE_integer('batches', 20, 'Phase A batches the drift is measured on.')
@@ -66,7 +66,7 @@ _TRAINED_SEED = flags.DEFINE_integer('trained_seed', 0, 'Seed of those runs.')
 
 def _config(dataset, feature_map):
   import importlib  # pylint: disable=g-import-not-at-top
-  module = importlib.import_module(grid.DATASETS[dataset][:-3].replace('/', '.'))
+  module = importlib.import_module(train_config.DATASETS[dataset][:-3].replace('/', '.'))
   config = module.get_config(f'kernel-{feature_map}')
   config.data.data_dir = _DATA_DIR.value
   return config
@@ -92,7 +92,7 @@ def drift_stats(config, encoded, vocab_size, num_batches, params=None):
   """
   train_config.check_config(config)
   a, d = config.phase_a, config.data
-  model = train.make_model(config, vocab_size)
+  model = run_setup.make_model(config, vocab_size)
   if params is None:
     init_key = jax.random.split(jax.random.PRNGKey(config.seed), 3)[0]  # As train.py.
     example = next(data.batches(encoded['train'], 2, pad_multiple=d.pad_multiple))
@@ -142,15 +142,15 @@ def drift_stats(config, encoded, vocab_size, num_batches, params=None):
 def main(argv):
   del argv
   dataset = _DATASET.value
-  if dataset not in grid.DATASETS:
-    raise ValueError(f'--dataset: expected one of {sorted(grid.DATASETS)}, got {dataset!r}.')
+  if dataset not in train_config.DATASETS:
+    raise ValueError(f'--dataset: expected one of {sorted(train_config.DATASETS)}, got {dataset!r}.')
   bad = [m for m in _MAPS.value if m not in text_config.MAPS]
   if bad:
     raise ValueError(f'--feature_maps: {bad} not in {text_config.MAPS}.')
   if _BATCHES.value < 1:
     raise ValueError(f'--batches: expected an integer >= 1, got {_BATCHES.value}.')
   trained = bool(_TRAINED_RUNS.value)
-  run_dirs = {m: grid.run_dir(_TRAINED_RUNS.value, dataset, f'vanilla-{m}', _TRAINED_SEED.value)
+  run_dirs = {m: train_config.run_dir(_TRAINED_RUNS.value, dataset, f'vanilla-{m}', _TRAINED_SEED.value)
               for m in _MAPS.value} if trained else {}
   for run_dir in run_dirs.values():   # Every run is there before anything is computed.
     _check_finished(run_dir)
@@ -159,7 +159,7 @@ def main(argv):
   # The data and tokenizer do not depend on the feature map: load them once (a trained
   # run: its own tokenizer).
   if not trained:
-    encoded, vocab_size = train.load_data(_config(dataset, _MAPS.value[0]),
+    encoded, vocab_size = run_setup.load_data(_config(dataset, _MAPS.value[0]),
                                          run_folder.RunFolder(workdir))
   rows = {}
   for feature_map in _MAPS.value:
@@ -167,14 +167,14 @@ def main(argv):
     if trained:
       config.seed = _TRAINED_SEED.value
       folder = run_folder.RunFolder(run_dirs[feature_map])
-      encoded, vocab_size = train.load_data(config, folder)
+      encoded, vocab_size = run_setup.load_data(config, folder)
       params = trained_params(folder.path)
     rows[feature_map] = drift_stats(config, encoded, vocab_size, _BATCHES.value, params)
     print(feature_map, json.dumps(rows[feature_map]), flush=True)
   a = _config(dataset, _MAPS.value[0]).phase_a
   settings = {k: a[k] for k in ('step_size', 'beta', 'lam', 'clip_norm', 'radius',
                                 'batch_size', 'num_epochs')}
-  meta = provenance.run_metadata('experiments.phase_a_drift')
+  meta = provenance.run_metadata('studies.phase_a_drift')
   record = dict(meta, dataset=dataset, settings=settings, maps=rows,
                 representations='trained' if trained else 'initialisation',
                 trained_runs=run_dirs)
@@ -205,5 +205,6 @@ def main(argv):
   print('\n'.join(lines))
 
 
-if __name__ == '__main__':
-  app.run(main)
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.phase_a_drift``."""
+  cli.run(main, config_flags=())

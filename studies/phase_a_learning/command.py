@@ -1,6 +1,6 @@
 r"""Does Phase A learn inside the Transformer, and does it help? The decisive comparison.
 
-  python -m experiments.phase_a_learning --runs=workdir/learn --pilots=results \
+  python -m studies.phase_a_learning --runs=workdir/learn --pilots=results \
       --out=results/phase_a_learning.json --docs=docs/phase_a_learning.md
 
 Reads a grid of ``experiments.train`` runs (``experiments.grid``) in which each
@@ -417,12 +417,13 @@ def main(argv):
   del argv
   fl = flags.FLAGS
   write(fl.runs, fl.pilots, fl.out, fl.docs, fl.figures,
-        provenance.run_metadata('experiments.phase_a_learning'), keep_others=fl.keep_others,
+        provenance.run_metadata('studies.phase_a_learning'), keep_others=fl.keep_others,
         train_subsets=fl.train_subsets, allow_fewer=fl.allow_fewer,
         runs_out=fl.runs_out or run_files.default_runs_out(fl.runs))
 
 
-if __name__ == '__main__':
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.phase_a_learning``."""
   # Flags are defined here, not at import, so that tests can import this module next to
   # others that define flags of the same names.
   flags.DEFINE_string('runs', 'workdir/learn', 'Grid root (experiments.grid).')

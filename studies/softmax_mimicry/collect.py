@@ -25,9 +25,9 @@ import numpy as np
 
 from experiments.common import cli
 from experiments.common import provenance
-from experiments.mimicry import conversion
-from experiments.mimicry import fidelity
-from experiments.mimicry import fit
+from studies.softmax_mimicry import conversion
+from studies.softmax_mimicry import fidelity
+from studies.softmax_mimicry import fit
 
 REFERENCE = 'favor_orthogonal'
 
@@ -133,7 +133,7 @@ def write_results(config, workdir: str, path: str) -> dict:
             'encoder_commit': p.get('encoder_commit'), 'commit': p.get('commit')}
            for name, group in (('fidelity', fid), ('conversion', conv))
            for (d, s), p in sorted(group.items())]
-  out = dict(provenance.run_metadata('experiments.softmax_mimicry'),
+  out = dict(provenance.run_metadata('studies.softmax_mimicry'),
              fidelity=table, conversion=conv_table, headline=headline(table),
              conversion_details=details, pilot=pilot,
              settings=json.loads(config.to_json()), parts=parts)

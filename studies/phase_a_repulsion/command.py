@@ -1,7 +1,7 @@
 r"""Does stronger repulsion keep the particles apart, and what does it do to ρ and accuracy?
 
-  experiments/phase_a_repulsion.sh          # the runs (Rotten Tomatoes, ~65 min, one core)
-  python -m experiments.phase_a_repulsion --runs=workdir/repulsion \
+  studies/phase_a_repulsion/run.sh          # the runs (Rotten Tomatoes, ~65 min, one core)
+  python -m studies.phase_a_repulsion --runs=workdir/repulsion \
       --out=results/phase_a_repulsion.json --docs=docs/phase_a_learning.md
 
 Reads ``<runs>/<setting>/<dataset>/kernel-<map>/seed<s>/`` (``experiments.grid`` runs that
@@ -18,16 +18,13 @@ held-out centered alignment ρ of the learned and ball particles, and the test a
 validation accuracy of the run and of its seed's Ball-X run. Per setting and map
 (``settings``): the means over seeds. The page block (between the ``repulsion`` markers
 of ``--docs``) is the table of those means; the page's words around it are kept. Runs of
-``phase_a.target = 'softmax'`` are another study's (``experiments.phase_a_softmax``). A
+``phase_a.target = 'softmax'`` are another study's (``studies.phase_a_repulsion.softmax``). A
 file that holds runs the folders no longer give is not replaced (``--allow_fewer``).
 """
 
 import os
-import sys
 from typing import Dict, List
 
-if __name__ == '__main__' and not __package__:
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags
 import numpy as np
@@ -38,7 +35,7 @@ from experiments.common import page_block
 from experiments.common import provenance
 
 FLAGS = flags.FLAGS
-BEGIN = '<!-- repulsion:begin (written by python -m experiments.phase_a_repulsion) -->'
+BEGIN = '<!-- repulsion:begin (written by python -m studies.phase_a_repulsion) -->'
 END = '<!-- repulsion:end -->'
 DIVERSITY = ('top_direction_share', 'effective_rank', 'min_pairwise_distance')
 KINDS = ('initial', 'ball', 'learned')
@@ -187,7 +184,7 @@ def write_study(module: str, rows: List[dict], summary: List[dict], markdown_fn,
                 end: str) -> None:
   """Writes ``--out`` (metadata, ``settings`` = ``summary``, ``runs`` = ``rows``) and the page
   block of ``--docs`` (``markdown_fn(summary, meta)``), refusing first to replace ``--out``
-  by fewer runs (``--allow_fewer``). Shared with ``experiments.phase_a_softmax``."""
+  by fewer runs (``--allow_fewer``). Shared with ``studies.phase_a_repulsion.softmax``."""
   loading.check_not_fewer(run_keys(FLAGS.out), {'runs': _keys(rows)}, FLAGS.out,
                           FLAGS.allow_fewer)
   meta = provenance.run_metadata(module)
@@ -214,10 +211,11 @@ def main(argv):
     rows = collect(FLAGS.runs, FLAGS.dataset)
   except (ValueError, FileNotFoundError) as e:
     raise cli.ConfigError(str(e)) from None
-  write_study('experiments.phase_a_repulsion', rows, summarize(rows), markdown, BEGIN, END)
+  write_study('studies.phase_a_repulsion', rows, summarize(rows), markdown, BEGIN, END)
 
 
-if __name__ == '__main__':
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.phase_a_repulsion``."""
   flags.DEFINE_string('runs', 'workdir/repulsion', 'The study folder (one sub-folder per '
                       'repulsion setting and base/ with the Ball-X runs).')
   flags.DEFINE_string('dataset', 'rotten_tomatoes', 'Dataset of the runs read.')

@@ -1,11 +1,11 @@
 r"""Convert trained softmax MQAR models to linear attention: fit the features, then fine-tune.
 
-  python -m experiments.mqar_convert --teachers=workdir/mqar/main \
+  python -m studies.mqar_convert --teachers=workdir/mqar/main \
       --workdir=workdir/mqar/convert --results=results/mqar_conversion.json \
       --page=docs/recall.md
 
 Every finished ``softmax-*`` run under ``--teachers`` (``experiments.mqar``) is converted
-with each of ``--methods`` (``experiments/recall/convert.py``: the teacher's weights
+with each of ``--methods`` (``studies/mqar_convert/convert.py``: the teacher's weights
 copied in, the features fitted to the teacher's attention or left random, zero-shot
 accuracy, then ``--finetune_steps`` with the features frozen) into
 ``<workdir>/<method>-<teacher run>/``; finished conversions are skipped, so a killed
@@ -17,22 +17,18 @@ its ``mqar_conversion`` markers.
 import glob
 import json
 import os
-import sys
-
-if __name__ == '__main__' and not __package__:
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags
 
 from experiments.common import cli
 from experiments.common import page_block
 from experiments.common import provenance
-from experiments.recall import convert
 from experiments.recall import grid as grid_lib
 from experiments.recall import run as run_lib
+from studies.mqar_convert import convert
 
 FLAGS = flags.FLAGS
-BEGIN = '<!-- mqar_conversion:begin (written by python -m experiments.mqar_convert) -->'
+BEGIN = '<!-- mqar_conversion:begin (written by python -m studies.mqar_convert) -->'
 END = '<!-- mqar_conversion:end -->'
 
 
@@ -89,7 +85,7 @@ def main(argv):
     if m not in convert.CONVERT_METHODS:
       raise cli.ConfigError(f'--methods: {m!r} is not one of {convert.CONVERT_METHODS}.')
   found = teachers(FLAGS.teachers)
-  metadata = provenance.run_metadata('experiments.mqar_convert')
+  metadata = provenance.run_metadata('studies.mqar_convert')
   if not FLAGS.collect_only:
     for teacher in found:
       for method in FLAGS.methods:
@@ -105,7 +101,8 @@ def main(argv):
     page_block.write_block(FLAGS.page, BEGIN, END, table(rows))
 
 
-if __name__ == '__main__':
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.mqar_convert``."""
   flags.DEFINE_string('teachers', 'workdir/mqar/main', 'Folder of finished softmax MQAR runs.')
   flags.DEFINE_string('workdir', None, 'Folder of the conversions (one sub-folder each).')
   flags.DEFINE_list('methods', list(convert.CONVERT_METHODS), 'Linear attentions to convert to.')

@@ -1,5 +1,5 @@
 r"""The figures and tables of ``docs/softmax_mimicry.md`` from the results of
-``python -m experiments.softmax_mimicry``.
+``python -m studies.softmax_mimicry``.
 
 ``write_page(table, page, figures)`` draws held-out KL against N (one panel per source
 dataset, one line per method, log x; the seed mean, bars = 95% t interval) and the
@@ -15,9 +15,9 @@ import numpy as np
 
 from experiments.analysis import plots
 from experiments.common import page_block
-from experiments.mimicry import fit
+from studies.softmax_mimicry import fit
 
-BEGIN = '<!-- softmax_mimicry:begin (written by python -m experiments.softmax_mimicry --page) -->'
+BEGIN = '<!-- softmax_mimicry:begin (written by python -m studies.softmax_mimicry --page) -->'
 END = '<!-- softmax_mimicry:end -->'
 FIDELITY_FIGURE = 'softmax_mimicry_fidelity.png'
 CONVERSION_FIGURE = 'softmax_mimicry_conversion.png'

@@ -3,13 +3,13 @@
 # Issue 24: and what does Phase A on the softmax target do inside the same encoders?
 # Resumable (experiments.grid skips finished runs); ~65 min on one core for the repulsion
 # part, ~25 min for the softmax part. Then:
-#   python -m experiments.phase_a_repulsion --runs=$SETTINGS_DIR
-#   python -m experiments.phase_a_softmax --runs=workdir/repulsion
+#   python -m studies.phase_a_repulsion --runs=$SETTINGS_DIR
+#   python -m studies.phase_a_repulsion.softmax --runs=workdir/repulsion
 # SETTINGS_DIR (default workdir/repulsion): where the repulsion settings' Kernel-X runs go;
 # they continue the Phase B prefixes of workdir/repulsion/base either way (a rerun of the
 # settings in a fresh folder keeps the earlier runs).
 set -e
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export COULOMB_JAX_DATA=${COULOMB_JAX_DATA:-../shared/data}
 PY=${PYTHON:-.venv/bin/python}
 COMMON="--config.phase_a.schedule=after_b --config.phase_a.after_b_epochs=3 --config.phase_b.num_epochs=5 --config.phase_a.num_epochs=2 --config.phase_a.relative_step=0.01 --config.phase_a.gibbs_tilt=1000.0"

@@ -1,13 +1,13 @@
 r"""Which Phase A settings make the particles learn? Chosen on validation data only.
 
-  python -m experiments.phase_a_pilot --runs=workdir/learn --dataset=rotten_tomatoes \
+  python -m studies.phase_a_pilot --runs=workdir/learn --dataset=rotten_tomatoes \
       --out=results/phase_a_pilot
 
 For every attention feature map it takes the finished (or prefix-saved) Vanilla-X
 run ``<runs>/<dataset>/vanilla-<map>/seed<--seed>`` of the ``after_b`` schedule,
 starts from its state at the end of the Phase B epochs before Phase A (its
 ``prefix``: the encoder Kernel-X's Phase A sees) and runs exactly the Phase A
-stages of ``experiments.train`` (``train.run_stage``, layer by layer) under each
+stages of ``experiments.train`` (``run_setup.run_stage``, layer by layer) under each
 named setting of ``SETTINGS``. It records the stages' diagnostics
 (``phase_a_report.phase_a_report``): drift/noise, repulsion/alignment, Gibbs tilt,
 displacement against a noise-only walk, the share of particles inside the ball,
@@ -31,10 +31,11 @@ import ml_collections
 import numpy as np
 
 from configs import text as text_config
-from experiments import grid
+from experiments.common import cli
 from experiments.common import provenance
 from experiments.run import phase_a_report
-from experiments import train
+from experiments.run import setup as run_setup
+from experiments.run import train_config
 from experiments.run import checkpoints
 from experiments.run import run_folder
 
@@ -55,7 +56,7 @@ SETTINGS = {
 }
 
 _RUNS = flags.DEFINE_string('runs', 'workdir/learn', 'Grid root of the after_b Vanilla-X runs.')
-_DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(grid.DATASETS)}.')
+_DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(train_config.DATASETS)}.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the Vanilla-X runs.')
 _MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS), 'Maps.')
 _SETTINGS = flags.DEFINE_list('settings', list(SETTINGS), f'From {list(SETTINGS)}.')
@@ -87,16 +88,16 @@ def run_phase_a(config, workdir) -> dict:
     done = phase_a_report.phase_a_report(workdir)
     if len(done['stages']) == config.model.num_layers:
       return done
-  meta = provenance.run_metadata('experiments.phase_a_pilot')
+  meta = provenance.run_metadata('studies.phase_a_pilot')
   with run_folder.RunFolder(workdir) as folder:
-    run, _ = train.setup_run(config, folder, meta)
+    run, _ = run_setup.setup_run(config, folder, meta)
     if int(run.ckpt['step_b']) == 0:
       raise ValueError(f'--runs: {config.run.prefix_from} has not saved its Phase B prefix '
                        'yet.')
     for index in range(int(run.ckpt['stage']), len(run.stages)):
       if run.stages[index].phase != 'a':
         break
-      train.run_stage(run, index)
+      run_setup.run_stage(run, index)
   return phase_a_report.phase_a_report(workdir)
 
 
@@ -121,15 +122,15 @@ def _row(report):
 def main(argv):
   del argv
   dataset = _DATASET.value
-  if dataset not in grid.DATASETS:
-    raise ValueError(f'--dataset: expected one of {sorted(grid.DATASETS)}, got {dataset!r}.')
+  if dataset not in train_config.DATASETS:
+    raise ValueError(f'--dataset: expected one of {sorted(train_config.DATASETS)}, got {dataset!r}.')
   bad = [s for s in _SETTINGS.value if s not in SETTINGS]
   if bad:
     raise ValueError(f'--settings: {bad} not in {list(SETTINGS)}.')
   bad = [m for m in _MAPS.value if m not in text_config.MAPS]
   if bad:
     raise ValueError(f'--feature_maps: {bad} not in {text_config.MAPS}.')
-  vanilla = {m: grid.run_dir(_RUNS.value, dataset, f'vanilla-{m}', _SEED.value)
+  vanilla = {m: train_config.run_dir(_RUNS.value, dataset, f'vanilla-{m}', _SEED.value)
              for m in _MAPS.value}
   for m, d in vanilla.items():
     if not run_folder.RunFolder(d).exists(checkpoints.PREFIX):
@@ -150,7 +151,7 @@ def main(argv):
   gains = {name: float(np.mean([r['rho_gain'] for r in maps.values()]))
            for name, maps in rows.items() if all('failed' not in r for r in maps.values())}
   chosen = max(gains, key=gains.get)
-  meta = provenance.run_metadata('experiments.phase_a_pilot')
+  meta = provenance.run_metadata('studies.phase_a_pilot')
   record = dict(meta, dataset=dataset, seed=_SEED.value, runs=_RUNS.value,
                 settings={n: SETTINGS[n] for n in rows}, mean_gain=gains, chosen=chosen,
                 rows=rows)
@@ -185,5 +186,6 @@ def main(argv):
   print('\n'.join(lines))
 
 
-if __name__ == '__main__':
-  app.run(main)
+def launch() -> None:
+  """Defines the flags and runs the command: ``python -m studies.phase_a_pilot``."""
+  cli.run(main, config_flags=())

@@ -1,0 +1,7 @@
+"""Does Phase A learn inside the Transformer, and does it help? ``docs/phase_a_learning.md``.
+
+``python -m studies.phase_a_learning --runs=workdir/learn --pilots=results
+--out=results/phase_a_learning.json --docs=docs/phase_a_learning.md`` (``command``): reads a
+grid of ``experiments.train`` runs (Kernel-X, Ball-X, Vanilla-X) and reports the paired
+differences and Phase A's diagnostics.
+"""
