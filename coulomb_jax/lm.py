@@ -15,7 +15,8 @@ No dropout. Loss and accuracy count answer positions only (``mqar_loss_and_accur
 transformation (``optax.set_to_zero()``: frozen random features; ``langevin.langevin_transform``:
 projected Langevin). ``train_step`` feeds that transformation the task gradient, or, with
 ``mimicry`` settings, the gradient of the softmax-mimicry Hamiltonian
-(``mimicry.mimicry_hamiltonian``) of each layer's own queries and keys on the batch: the
+(``mimicry.mimicry_hamiltonian``) of each layer's own queries and keys on the batch
+(``phase_a_mimicry.sown_forces``, the softmax target's one path from sown (q, k) to forces): the
 particles then move toward the kernel that reproduces this model's softmax attention while
 the rest of the model learns the task (Phase A interleaved with training).
 """
@@ -34,8 +35,8 @@ from flax import traverse_util
 from coulomb_jax import _checks
 from coulomb_jax import features
 from coulomb_jax import flax_attention
-from coulomb_jax import mimicry as mimicry_lib
 from coulomb_jax import models
+from coulomb_jax import phase_a_mimicry
 from coulomb_jax import repulsion
 from coulomb_jax import training
 
@@ -289,46 +290,33 @@ def _metrics_and_inputs(params, apply_fn, batch, num_answers=None):
   return loss, (acc, inputs)
 
 
+def _sown_forces(params, inputs, settings: MimicrySettings, feature_map: str):
+  return phase_a_mimicry.sown_forces(
+      params, inputs, feature_map=feature_map, lam=settings.lam, s=settings.riesz_s,
+      softening=settings.softening, target=settings.target, rows=settings.rows)
+
+
 def mimicry_force_terms(params, inputs, settings: MimicrySettings, feature_map: str):
   """``({path: ∇_Ω D}, {path: ∇_Ω W_s})``, each ``[H, M, D_h]``: the target's and the
   (unweighted) repulsion's force on every attention module's particles.
 
   ``inputs``: ``{path: (q, k)}``, each ``[B, L, H, D_h]``, as sown by ``KernelAttention``;
-  the force of ``mimicry_forces`` is ∇D + λ·∇W_s. For the calibration of λ and β
+  the force of ``mimicry_forces`` is ∇(D + λ·W_s) (one gradient: ∇D + λ·∇W_s up to
+  rounding). For the calibration of λ and β
   (``langevin_diagnostics.relative_lam``, ``drift_to_noise``) and the force ratio.
+  ``phase_a_mimicry.sown_forces`` on the first ``settings.rows`` sequences, no mask.
   """
-  flat = traverse_util.flatten_dict(params)
-  terms = functools.partial(mimicry_lib.mimicry_hamiltonian, feature_map=feature_map,
-                            s=settings.riesz_s, softening=settings.softening,
-                            target=settings.target)
-  data, rep = {}, {}
-  for path, (q, k) in inputs.items():
-    q, k = (jax.lax.stop_gradient(jnp.moveaxis(x[:settings.rows], 2, 0)) for x in (q, k))
-    omega = flat[path + (training.PARTICLES,)]
-    data[path] = jax.vmap(jax.grad(lambda w, q, k: terms(w, q, k, lam=0.0)))(omega, q, k)
-    rep[path] = jax.vmap(jax.grad(lambda w: repulsion.riesz_energy(
-        w, s=settings.riesz_s, softening=settings.softening)))(omega)
-  return data, rep
+  forces = _sown_forces(params, inputs, settings, feature_map)
+  return forces.data, forces.repulsion
 
 
 def mimicry_forces(params, inputs, settings: MimicrySettings, feature_map: str):
   """``{path: ∇_Ω H [H, M, D_h]}`` of every attention module's particles (see ``MimicrySettings``).
 
-  ``inputs``: ``{path: (q, k)}``, each ``[B, L, H, D_h]``, as sown by ``KernelAttention``.
+  ``inputs``: ``{path: (q, k)}``, each ``[B, L, H, D_h]``, as sown by ``KernelAttention``;
+  ``phase_a_mimicry.sown_forces(...).hamiltonian`` on the first ``settings.rows`` sequences.
   """
-  flat = traverse_util.flatten_dict(params)
-
-  def energy(omega, q, k):
-    return mimicry_lib.mimicry_hamiltonian(
-        omega, q, k, feature_map=feature_map, lam=settings.lam, s=settings.riesz_s,
-        softening=settings.softening, target=settings.target)
-
-  forces = {}
-  for path, (q, k) in inputs.items():
-    q, k = (jax.lax.stop_gradient(jnp.moveaxis(x[:settings.rows], 2, 0)) for x in (q, k))
-    omega = flat[path + (training.PARTICLES,)]
-    forces[path] = jax.vmap(jax.grad(energy))(omega, q, k)   # heads: [H, B, L, D_h]
-  return forces
+  return _sown_forces(params, inputs, settings, feature_map).hamiltonian
 
 
 def check_feature_map(model, feature_map: str) -> None:

@@ -12,16 +12,23 @@ on layer l's own queries and keys of the batch's real tokens
 ``mimicry_inputs``), treated as data (``stop_gradient``). Labels are not used. Its
 held-out statistic is the attention KL (``heldout_attention_kl``) and its potential the
 first variation of CE (``phase_a_mimicry_potentials``), for the Gibbs-tilt rule.
+
+``sown_forces`` is the one path from sown (q, k) to per-head forces for this target: the
+Phase A step and forces here, and the causal LM's mimicry force (``lm.train_step``,
+``lm.mimicry_forces``, ``lm.force_terms``) call it.
 """
 
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+import functools
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import traverse_util
 
+from coulomb_jax import _checks
 from coulomb_jax import features
 from coulomb_jax import flax_attention
 from coulomb_jax import langevin_diagnostics
@@ -71,6 +78,79 @@ def _per_head(fn, omega, qk, mask, feature_map):
                   in_axes=(0, 2, 2))(omega, q, k)
 
 
+class SownForces(NamedTuple):
+  """``sown_forces``' result: per attention path, per head.
+
+  ``data``: ∇_Ω D, ``repulsion``: ∇_Ω W_s, ``hamiltonian``: ∇_Ω (D + λ·W_s) taken as one
+  gradient, each ``{path: [H, M, D_h]}``; ``data_value``: D, ``repulsion_value``: W_s,
+  each ``{path: [H]}``. Under ``jit`` the parts a caller does not read are not computed.
+  """
+  data: Dict[Tuple[str, ...], Any]
+  repulsion: Dict[Tuple[str, ...], Any]
+  hamiltonian: Dict[Tuple[str, ...], Any]
+  data_value: Dict[Tuple[str, ...], Any]
+  repulsion_value: Dict[Tuple[str, ...], Any]
+
+
+def sown_forces(params, inputs, *, feature_map: str, lam: float, s: repulsion.Exponent,
+                softening: float, target: str = 'cross_entropy', rows: Optional[int] = None,
+                mask: Optional[jax.Array] = None) -> SownForces:
+  r"""The mimicry forces on every head's particles from its layer's sown (q, k).
+
+  Per path l (``inputs[l] = (q, k)``, each ``[B, L, H, D_h]``, unscaled, as
+  ``KernelAttention`` sows them under ``MIMICRY_INPUTS``) and head h, with
+  Ω = ``params``' ``l/particles[h]`` ``[M, D_h]``:
+
+  .. math::
+     H_{l,h}(Ω) = D(Ω; q_{·,·,h}, k_{·,·,h}) + λ\,W_s(Ω)
+
+  D the data term ``target`` of ``mimicry.mimicry_hamiltonian_terms`` (``cross_entropy``:
+  CE(A^soft ‖ A^lin), the mean over the query rows) and W_s ``repulsion.riesz_energy``.
+  The rows are the first ``rows`` sequences (None: all B). ``mask: [B, L]`` bool (None:
+  every token is real): padded queries are zeroed and both the key and the query mask of
+  D (its mean runs over the real query tokens of all rows). q and k are data
+  (``stop_gradient``), promoted to float32 at least. The heads are one ``jax.vmap`` of
+  ``jax.value_and_grad`` per part. Returns ``SownForces``; the caller's λ-weighted sum
+  ∇D + λ∇W equals ``hamiltonian`` up to rounding.
+  """
+  if rows is not None:
+    _checks.check_int('rows', rows, 1)
+  flat = traverse_util.flatten_dict(params)
+  missing = sorted('/'.join(p) for p in inputs if p + (PARTICLES,) not in flat)
+  if missing:
+    raise ValueError(f'inputs: {missing} have no particles in params; pass the params of '
+                     'the model that sowed them.')
+  if mask is not None and any(np.shape(mask) != np.shape(qk[0])[:2] for qk in inputs.values()):
+    raise ValueError(f'mask must have shape [B, L] of the sown q, got {np.shape(mask)} for '
+                     f'{sorted({np.shape(qk[0])[:2] for qk in inputs.values()})}.')
+  terms = functools.partial(mimicry.mimicry_hamiltonian_terms, feature_map=feature_map,
+                            lam=lam, s=s, softening=softening, target=target)
+
+  def head(omega, q, k):
+    key_mask = query_mask = None
+    if mask is not None:
+      key_mask = query_mask = jnp.asarray(mask if rows is None else mask[:rows], bool)
+      q = jnp.where(key_mask[..., None], q, 0.0)
+    masks = dict(key_mask=key_mask, query_mask=query_mask)
+    data = jax.value_and_grad(lambda w: terms(w, q, k, **masks)[0])(omega)
+    rep = jax.value_and_grad(lambda w: repulsion.riesz_energy(w, s=s, softening=softening))(
+        omega)
+    total = jax.grad(lambda w: mimicry.mimicry_hamiltonian(
+        w, q, k, feature_map=feature_map, lam=lam, s=s, softening=softening, target=target,
+        **masks))(omega)
+    return data, rep, total
+
+  out = SownForces({}, {}, {}, {}, {})
+  for path, qk in inputs.items():
+    q, k = (jax.lax.stop_gradient(jnp.moveaxis(
+        (x if rows is None else x[:rows]).astype(jnp.promote_types(x.dtype, jnp.float32)),
+        2, 0)) for x in qk)                                 # [H, B', L, D_h]
+    (d, g_d), (w, g_w), g_h = jax.vmap(head)(flat[path + (PARTICLES,)], q, k)
+    out.data[path], out.repulsion[path], out.hamiltonian[path] = g_d, g_w, g_h
+    out.data_value[path], out.repulsion_value[path] = d, w
+  return out
+
+
 def phase_a_mimicry_objective(params, inputs, mask, *, feature_map, lam: float, s,
                               softening: float):
   r"""(H, {"cross_entropy": Σ CE, "repulsion": Σ W}) summed over layers and heads.
@@ -100,16 +180,29 @@ def phase_a_mimicry_objective(params, inputs, mask, *, feature_map, lam: float, 
   return total, {'cross_entropy': ce, 'repulsion': repel}
 
 
-def _mimicry_grads(params, inputs, mask, kw):
-  """(H, aux, ∇CE, ∇W): the two gradients as full parameter trees, ∇H = ∇CE + λ∇W."""
-  def data_term(p):
-    h, aux = phase_a_mimicry_objective(p, inputs, mask, **kw)
-    return aux['cross_entropy'], (h, aux)
+def _as_tree(params, leaves):
+  """``params``' structure: ``leaves[path]`` at ``path/particles``, zeros elsewhere."""
+  def leaf(key_path, x):
+    path = tuple(getattr(k, 'key', k) for k in key_path)
+    if path[-1] == PARTICLES and path[:-1] in leaves:
+      return leaves[path[:-1]]
+    return jnp.zeros_like(x)
+  return jax.tree_util.tree_map_with_path(leaf, params)
 
-  (_, (h, aux)), g_ce = jax.value_and_grad(data_term, has_aux=True)(params)
-  g_w = jax.grad(lambda p: phase_a_mimicry_objective(p, inputs, mask, **kw)[1]['repulsion'])(
-      params)
-  return h, aux, g_ce, g_w
+
+def _mimicry_grads(params, inputs, mask, kw):
+  """(H, aux, ∇CE, ∇W): the two gradients as full parameter trees, ∇H = ∇CE + λ∇W.
+
+  ``sown_forces`` of the cross-entropy on ``inputs`` under ``mask``; H and aux as
+  ``phase_a_mimicry_objective`` (sums over heads, then over paths in ``inputs``' order).
+  """
+  f = sown_forces(params, inputs, mask=mask, **kw)
+  total = ce = repel = 0.0
+  for path in inputs:
+    c, w = jnp.sum(f.data_value[path]), jnp.sum(f.repulsion_value[path])
+    total, ce, repel = total + c + kw['lam'] * w, ce + c, repel + w
+  aux = {'cross_entropy': ce, 'repulsion': repel}
+  return total, aux, _as_tree(params, f.data), _as_tree(params, f.repulsion)
 
 
 def phase_a_mimicry_forces(params, inputs, mask, *, feature_map, lam: float, s,
@@ -117,8 +210,8 @@ def phase_a_mimicry_forces(params, inputs, mask, *, feature_map, lam: float, s,
                            ) -> Dict[str, Any]:
   """``{'hamiltonian': ∇H, 'cross_entropy': ∇CE, 'repulsion': ∇W}`` of the particles.
 
-  As ``phase_a_forces`` for ``phase_a_mimicry_objective`` (∇H = ∇CE + λ∇W), each a
-  ``{path: [H, M, D_h]}`` dict over the modules that move (``only``: one).
+  As ``phase_a_forces`` for ``phase_a_mimicry_objective`` (∇H = ∇CE + λ∇W, ``sown_forces``),
+  each a ``{path: [H, M, D_h]}`` dict over the modules that move (``only``: one).
   """
   kw = dict(feature_map=feature_map, lam=lam, s=s, softening=softening)
   _, _, g_ce, g_w = _mimicry_grads(params, inputs, mask, kw)
