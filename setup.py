@@ -9,7 +9,12 @@ setuptools.setup(
                  '(projected Langevin dynamics) in JAX.'),
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
-    packages=setuptools.find_packages(include=['coulomb_jax', 'coulomb_jax.*']),
+    # The library and the three floors above it, so that every command runs as
+    # `python -m <package>.<module>` (or by path) from any folder, with no sys.path edits:
+    # the tools (experiments, their configs), the studies and the benchmarks.
+    packages=setuptools.find_packages(include=['coulomb_jax', 'coulomb_jax.*', 'experiments',
+                                               'experiments.*', 'configs', 'studies',
+                                               'studies.*', 'benchmarks']),
     python_requires='>=3.10',
     # Ranges, not pins: the same code runs on jax 0.10 (CPU, Python 3.11) and on
     # jax 0.11 (the GPU image, Python 3.12), which must not be upgraded there.

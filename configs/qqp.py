@@ -11,14 +11,7 @@ GLUE files, use ``--config.data.task=qqp``.
 Variants and fields: see ``configs/text.py``.
 """
 
-import os
-import sys
-
-try:
-  from configs import text
-except ImportError:  # Loaded by path from outside the repository (config_flags): add its root.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from configs import text
+from configs import text   # importable anywhere: setup.py installs the configs package
 
 
 def get_config(variant: str = ''):

@@ -34,11 +34,6 @@ import subprocess
 import sys
 import time
 
-if __name__ == '__main__' and not __package__:
-  # Launched as a file (python path/to/experiments/grid.py): the repository root
-  # must be importable for `experiments` and `configs`.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from absl import flags
 from absl import logging
 

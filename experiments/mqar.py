@@ -22,12 +22,8 @@ its figure and table, ``experiments/recall/page.py``). The results file never lo
 import glob
 import json
 import os
-import sys
 import tarfile
 import time
-
-if __name__ == '__main__' and not __package__:
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags
 from ml_collections import config_flags
@@ -230,6 +226,18 @@ def run_batched(config, programs, root: str, results: str, runs_dir: str, budget
   return batched_lib.run_programs(config, root, programs, log, after_program=after, **limits)
 
 
+def check_outputs(**paths) -> None:
+  """Every output path (``--<name>=path``) can be written, before any is: its folder
+  exists and it is not a folder itself. One ``cli.ConfigError`` naming the flag."""
+  for flag, path in paths.items():
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+      raise cli.ConfigError(f'--{flag}: the folder {folder} of {path} does not exist; '
+                            'nothing was written.')
+    if os.path.isdir(path):
+      raise cli.ConfigError(f'--{flag}: {path} is a folder, not a file; nothing was written.')
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
@@ -258,9 +266,8 @@ def main(argv):
                             f'is a file.')
     if FLAGS.collect_only:
       figure = FLAGS.figure if FLAGS['figure'].present else zoology_page.FIGURE
-      for flag, path in (('--page', FLAGS.page), ('--figure', figure)):   # before writing
-        if FLAGS.page and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-          raise cli.ConfigError(f'{flag}: the folder of {path} does not exist.')
+      if FLAGS.page:
+        check_outputs(page=FLAGS.page, figure=figure)
       write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
       if FLAGS.page:
         files = [f for f in ZOOLOGY_RESULTS if os.path.exists(f)]
@@ -285,6 +292,8 @@ def main(argv):
       page_lib.markers(FLAGS.block)
     except ValueError as e:
       raise cli.ConfigError(str(e)) from None
+    check_outputs(results=FLAGS.results, **(
+        {'page': FLAGS.page, 'figure': FLAGS.figure} if FLAGS.page else {}))
     write_results(FLAGS.workdir, FLAGS.results)
     if FLAGS.page:
       page_lib.write_page(FLAGS.results, FLAGS.page, FLAGS.figure, FLAGS.block)

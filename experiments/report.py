@@ -58,14 +58,9 @@ provenance stay those of the summaries, a second line names the redraw.
 """
 
 import os
-import sys
 from typing import Optional
 
 import numpy as np
-
-if __name__ == '__main__' and not __package__:
-  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.analysis import loading
 from experiments.analysis import pages

@@ -40,12 +40,6 @@ Student-t interval over the n seeds, ``experiments.study.tables.interval_note``)
 
 import json
 import os
-import sys
-
-if __name__ == '__main__' and not __package__:
-  # Launched as a file (python path/to/experiments/synthetic.py): the repository root
-  # must be importable for `experiments`, `configs` and (uninstalled) `coulomb_jax`.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags

@@ -12,11 +12,6 @@ between two methods.
 
 import json
 import os
-import sys
-
-if __name__ == '__main__' and not __package__:
-  # Launched as a file: make the repository root importable (as experiments/synthetic.py).
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app
 from absl import flags

@@ -62,13 +62,8 @@ finished run given again is not run again: one line names its ``results.json``.
 import json
 import os
 import signal
-import sys
 from typing import Optional
 
-if __name__ == '__main__' and not __package__:
-  # Launched as a file (python path/to/experiments/train.py): the repository root
-  # must be importable for `experiments`, `configs` and (uninstalled) `coulomb_jax`.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == '__main__':
   # Ctrl-C or SIGTERM during the imports (seconds): one line, no traceback (nothing is

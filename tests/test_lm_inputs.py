@@ -199,7 +199,7 @@ def test_train_step_without_mimicry_or_a_known_model_does_not_refuse():
   assert np.isfinite(float(metrics['loss']))
   unknown = state.replace(apply_fn=lambda *a, **k: model.apply(*a, **k))
   assert getattr(unknown.apply_fn, '__self__', None) is None
-  _, metrics = lm.train_step_fn(unknown, batch, settings, 'elu')   # cannot tell: runs
+  _, metrics = lm.train_step(unknown, batch, settings, 'elu')      # cannot tell: runs
   assert np.isfinite(float(metrics['loss']))
   softmax, _ = _model('softmax')
   plain = lm.make_state(jax.random.key(0), softmax, L)

@@ -25,7 +25,7 @@ from absl import logging
 from experiments.common import cli
 from experiments.run import train_config
 
-# The flags ``define_flags`` declares belong to its caller (``python experiments/train.py
+# The flags ``define_flags`` declares belong to its caller (``python -m experiments.train
 # --help`` lists them under train.py, as when they were defined there).
 flags.disclaim_key_flags()
 
