@@ -263,7 +263,7 @@ def attention_log_psi(name: str, s: jax.Array, half_sq_norm: jax.Array) -> jax.A
   (F = 2N) log ψ = [s, −s] − ½·log 2. So φ(x) = exp(log ψ) / √N exactly (where it does
   not under- or overflow).
   """
-  return get(name, positive=True).log_psi(s, half_sq_norm)
+  return get(name, positive=True).log_psi(s, half_sq_norm)   # (attention or not: math)
 
 
 def log_features(x: jax.Array, omega: jax.Array, feature_map: str) -> jax.Array:
@@ -280,7 +280,7 @@ def log_features(x: jax.Array, omega: jax.Array, feature_map: str) -> jax.Array:
 
 
 def _check_attention_map(name) -> None:
-  get(name, positive=True)
+  get(name, positive=True, attention=True)
 
 
 def attention_pair(q: jax.Array, k: jax.Array, omega: jax.Array, feature_map: str = 'favor',
@@ -522,6 +522,10 @@ def register(name: str, *, log_psi: Optional[Callable] = None, phi: Optional[Fea
     phi = _phi_from_log_psi(log_psi)
   count = num_features or (lambda n, k=per_particle: k * n)
   spec = MapSpec(name, phi, log_psi, per_particle, bool(separable), bool(attention), count)
+  if name in _REGISTRY:
+    # Jitted functions take the name as a static argument: their compiled programs hold
+    # the old map. Drop them so the next call traces the new one.
+    jax.clear_caches()
   _REGISTRY[name] = spec
   return spec
 
@@ -545,13 +549,13 @@ def get(name, *, positive: Optional[bool] = None, attention: Optional[bool] = No
   fits = names(positive=positive, attention=attention)
   if spec is None:
     raise ValueError(f'feature_map must be one of {fits}, got {name!r}.')
-  if attention and not spec.attention:
-    raise ValueError(f'feature_map: {name!r} is not non-negative and its kernel is not '
-                     f'positive; use an attention map {fits}.')
   if positive is not None and (spec.log_psi is not None) != positive:
     what = 'attention maps' if positive else 'signed maps'
     why = 'a signed map: no log ψ' if positive else 'a positive map'
     raise ValueError(f'feature_map must be one of the {what} {fits}, got {name!r} ({why}).')
+  if attention and not spec.attention:
+    raise ValueError(f'feature_map: {name!r} is not non-negative and its kernel is not '
+                     f'positive; use an attention map {fits}.')
   if attention is False and spec.attention:
     raise ValueError(f'feature_map must be one of {fits}, got {name!r}.')
   return spec
@@ -605,8 +609,8 @@ the paper's seven attention maps, ``hedgehog`` and ``taylor``, and any added at 
 
 def __getattr__(attr):
   """Names that follow the registry (module attributes computed when read, PEP 562)."""
-  if attr == 'KERNEL_ATTENTION_MAPS':      # every map with a log ψ: the log-space paths
-    return names(positive=True)
+  if attr == 'KERNEL_ATTENTION_MAPS':      # every attention map with a log ψ: the log-space paths
+    return names(positive=True, attention=True)
   if attr == 'SIGNED_ATTENTION_MAPS':      # signed maps attention takes as stored features
     return names(positive=False, attention=True)
   raise AttributeError(f'module {__name__!r} has no attribute {attr!r}')
@@ -614,8 +618,8 @@ def __getattr__(attr):
 
 ATTENTION_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2',
                           'softmaxfeat', 'porf_softplus')
-"""The paper's seven attention maps, in its order: a study's choice (``configs/text.py``
-reads them from here for one release; new code should use ``names``)."""
+"""The paper's seven attention maps, in its order (kept for one release; the text study's own
+list is ``configs/text.py`` ``MAPS``; new code should use ``names``)."""
 
 
 def num_features(name: str, num_particles: int) -> int:

@@ -39,7 +39,10 @@ if [ "${1:-}" = "--command" ]; then
   exit 0
 fi
 if [ -z "${COULOMB_JAX_COMMIT:-}" ]; then
+  # As provenance.git_commit would say it: -dirty when tracked files differ from HEAD.
   COULOMB_JAX_COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+  [ "$COULOMB_JAX_COMMIT" = unknown ] || git diff --quiet HEAD -- 2>/dev/null || \
+      COULOMB_JAX_COMMIT="$COULOMB_JAX_COMMIT-dirty"
 fi
 export COULOMB_JAX_COMMIT
 OUT=${OUT:-/tmp/gpu_grid}

@@ -121,6 +121,10 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
     with open(path_) as f:
       entry = json.load(f)
     failed[entry['program']] = entry
+  ran = {grid_lib.zoology_row_name(r).rsplit('-lr', 1)[0] + (
+      f'-eta{r["particle_step_size"]:.0e}' if 'runs_in_program' in r and 'particle_step_size' in r
+      else '') for r in table['runs']}
+  failed = {k: v for k, v in failed.items() if k not in ran}     # a later try succeeded
   if failed:           # programs that stopped with an error (batched grid): kept, never lost
     table['failed_programs'] = [failed[k] for k in sorted(failed)]
   os.makedirs(runs_dir, exist_ok=True)
@@ -276,6 +280,8 @@ def main(argv):
         zoology_page.write(files, FLAGS.page, figure)
       return
     if batched:
+      if FLAGS.archive:
+        check_outputs(archive=FLAGS.archive)
       programs = grid_lib.batched_programs(grid_lib.BATCHED_GRIDS[FLAGS.grid])
       for _, overrides, specs in programs:                          # before any compute
         batched_lib.check_program(grid_lib.apply_overrides(config, overrides),

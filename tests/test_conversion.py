@@ -193,7 +193,7 @@ def test_bad_arguments_are_one_line_each(trained):
 # ----------------------------------------------------------------------------- unchanged
 
 def _old_mimicry_fit(method, key, omega0, batches, s, steps):
-  """The mimicry study's fit as it was before the library (studies/softmax_mimicry/fit.py at
+  """The mimicry study's fit as it was before the library (experiments/mimicry/fit.py (now studies/softmax_mimicry/fit.py) at
   b038356), for particles_labels and hedgehog: the bit-for-bit reference."""
   from coulomb_jax import hamiltonian  # pylint: disable=g-import-not-at-top
 

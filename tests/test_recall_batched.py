@@ -62,6 +62,12 @@ def test_a_finished_program_is_read_not_trained(tmp_path):
   lines = []
   again = batched.train_program(config, specs, str(tmp_path), lines.append)
   assert again == first and not lines
+  # A program that grew (a new seed): only the new run trains; the finished file stays.
+  path = tmp_path / batched.run_name(config, specs[0]) / run_lib.RESULT_FILE
+  before = path.read_bytes()
+  grown = batched.train_program(config, specs + [batched.Spec(1e-2, 1)], str(tmp_path), SILENT)
+  assert path.read_bytes() == before and grown[0] == first[0]
+  assert grown[1]['seed'] == 1 and grown[1]['runs_in_program'] == 1
 
 
 def test_the_rows_of_each_step_are_the_training_sets_across_epochs():

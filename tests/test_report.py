@@ -1,4 +1,4 @@
-"""experiments.report on fake grid results; experiments.tfidf_baseline on real data."""
+"""experiments.report on fake grid results; studies.tfidf_baseline on real data."""
 
 import json
 import os

@@ -132,17 +132,25 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
                   metadata: Optional[dict] = None, deadline: Optional[float] = None
                   ) -> List[dict]:
   """Trains the runs ``specs`` of ``config.method`` as one program; writes and returns
-  their rows (runs already finished under ``root`` are read, not trained).
+  their rows (runs already finished under ``root`` are read, not trained, and their files
+  never rewritten: a program of which some runs are finished trains only the others).
 
   ``deadline``: a ``time.time()`` after which the program stops between chunks and
   writes nothing (its runs stay unfinished); None: no limit.
   """
   metadata = metadata or provenance.run_metadata('experiments.mqar')
   check_program(config, specs)
+  done = {s: os.path.join(root, run_name(config, s), run_lib.RESULT_FILE) for s in specs}
+  done = {s: p for s, p in done.items() if os.path.exists(p)}
+  if done:         # finished runs are read, never trained or written again
+    todo = [s for s in specs if s not in done]
+    rows = train_program(config, todo, root, log, metadata, deadline) if todo else []
+    if todo and not rows:
+      return []
+    trained = dict(zip(todo, rows))
+    return [trained[s] if s in trained else json.load(open(done[s])) for s in specs]
   names = [run_name(config, s) for s in specs]
   paths = [os.path.join(root, n, run_lib.RESULT_FILE) for n in names]
-  if all(os.path.exists(p) for p in paths):
-    return [json.load(open(p)) for p in paths]
   t, d, p = config.train, config.data, config.particles
   seeds = sorted({s.seed for s in specs})
   seed_index = jnp.asarray([seeds.index(s.seed) for s in specs])
@@ -199,7 +207,7 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
 
       def body(carry, r):
         pr, os_, c = carry
-        batch = jax.tree.map(lambda a: a[s][r], train)
+        batch = jax.tree.map(lambda a: a[s, r], train)     # one [B, L] gather
         state = train_state.TrainState(step=c, apply_fn=model.apply, params=pr, tx=tx,
                                        opt_state=os_)
         new, metrics = lm.train_step_fn(state, batch, m.mimicry, m.feature_map, num_answers)

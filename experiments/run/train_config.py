@@ -24,7 +24,6 @@ from experiments.common import cli
 from experiments.common import provenance
 
 PHASE_A_SCHEDULES = training.SCHEDULES
-# The data folder when config.data.data_dir is '': this variable, else DEFAULT_DATA_DIR.
 DATASETS = {'sst2': 'configs/sst2.py', 'rotten_tomatoes': 'configs/rotten_tomatoes.py',
             'qqp_subset': 'configs/qqp.py'}
 """Each dataset's launch config, relative to the repository root."""
@@ -35,6 +34,7 @@ def run_dir(workdir: str, dataset: str, variant: str, seed: int) -> str:
   return os.path.join(workdir, dataset, variant, f'seed{seed}')
 
 
+# The data folder when config.data.data_dir is '': this variable, else DEFAULT_DATA_DIR.
 DATA_ENV = 'COULOMB_JAX_DATA'
 DEFAULT_DATA_DIR = os.path.join(os.path.dirname(provenance.REPO_ROOT), 'shared', 'data')
 
