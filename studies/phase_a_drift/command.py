@@ -33,7 +33,6 @@ onto the ball and measures the same statistics on its encoder. Writes
 import json
 import os
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -51,17 +50,15 @@ from experiments.run import setup as run_setup
 from experiments.run import run_folder
 from experiments.run import train_config
 
-_DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(train_config.DATASETS)}.')
-_MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS),
-                          'Attention feature maps (kernel-<map> variants).')
-_BATCHES = flags.DEFINE_integer('batches', 20, 'Phase A batches the drift is measured on.')
-_DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'The data folder.')
-_WORKDIR = flags.DEFINE_string('workdir', 'workdir/phase_a_drift',
-                               'Where the tokenizer is trained once and kept.')
-_OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
-_TRAINED_RUNS = flags.DEFINE_string('trained_runs', '', 'A grid root: measure on the trained '
-                                    'encoders of its vanilla-<map> runs (see the docstring).')
-_TRAINED_SEED = flags.DEFINE_integer('trained_seed', 0, 'Seed of those runs.')
+# The flags (``_define_flags``), set when the command is launched.
+_DATASET = None
+_MAPS = None
+_BATCHES = None
+_DATA_DIR = None
+_WORKDIR = None
+_OUT = None
+_TRAINED_RUNS = None
+_TRAINED_SEED = None
 
 
 def _config(dataset, feature_map):
@@ -205,6 +202,24 @@ def main(argv):
   print('\n'.join(lines))
 
 
+
+def _define_flags() -> None:
+  """The command-line flags (defined by ``launch``, not at import: studies import side by side)."""
+  global _DATASET, _MAPS, _BATCHES, _DATA_DIR, _WORKDIR, _OUT, _TRAINED_RUNS, _TRAINED_SEED  # pylint: disable=global-statement
+  _DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(train_config.DATASETS)}.')
+  _MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS),
+                            'Attention feature maps (kernel-<map> variants).')
+  _BATCHES = flags.DEFINE_integer('batches', 20, 'Phase A batches the drift is measured on.')
+  _DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'The data folder.')
+  _WORKDIR = flags.DEFINE_string('workdir', 'workdir/phase_a_drift',
+                                 'Where the tokenizer is trained once and kept.')
+  _OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
+  _TRAINED_RUNS = flags.DEFINE_string('trained_runs', '', 'A grid root: measure on the trained '
+                                      'encoders of its vanilla-<map> runs (see the docstring).')
+  _TRAINED_SEED = flags.DEFINE_integer('trained_seed', 0, 'Seed of those runs.')
+
+
 def launch() -> None:
   """Defines the flags and runs the command: ``python -m studies.phase_a_drift``."""
+  _define_flags()
   cli.run(main, config_flags=())

@@ -25,7 +25,6 @@ setting record it.
 import json
 import os
 
-from absl import app
 from absl import flags
 import ml_collections
 import numpy as np
@@ -55,15 +54,15 @@ SETTINGS = {
     'radius_3': dict(_LEARN, radius=3.0),
 }
 
-_RUNS = flags.DEFINE_string('runs', 'workdir/learn', 'Grid root of the after_b Vanilla-X runs.')
-_DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(train_config.DATASETS)}.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of the Vanilla-X runs.')
-_MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS), 'Maps.')
-_SETTINGS = flags.DEFINE_list('settings', list(SETTINGS), f'From {list(SETTINGS)}.')
-_EPOCHS = flags.DEFINE_integer('phase_a_epochs', 0, 'Phase A epochs per layer (0: the '
-                               "Vanilla-X run's config value).")
-_WORKDIR = flags.DEFINE_string('workdir', 'workdir/phase_a_pilot', 'Scratch folder.')
-_OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
+# The flags (``_define_flags``), set when the command is launched.
+_RUNS = None
+_DATASET = None
+_SEED = None
+_MAPS = None
+_SETTINGS = None
+_EPOCHS = None
+_WORKDIR = None
+_OUT = None
 
 
 def pilot_config(vanilla_dir: str, feature_map: str, setting: dict,
@@ -186,6 +185,22 @@ def main(argv):
   print('\n'.join(lines))
 
 
+
+def _define_flags() -> None:
+  """The command-line flags (defined by ``launch``, not at import: studies import side by side)."""
+  global _RUNS, _DATASET, _SEED, _MAPS, _SETTINGS, _EPOCHS, _WORKDIR, _OUT  # pylint: disable=global-statement
+  _RUNS = flags.DEFINE_string('runs', 'workdir/learn', 'Grid root of the after_b Vanilla-X runs.')
+  _DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(train_config.DATASETS)}.')
+  _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the Vanilla-X runs.')
+  _MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS), 'Maps.')
+  _SETTINGS = flags.DEFINE_list('settings', list(SETTINGS), f'From {list(SETTINGS)}.')
+  _EPOCHS = flags.DEFINE_integer('phase_a_epochs', 0, 'Phase A epochs per layer (0: the '
+                                 "Vanilla-X run's config value).")
+  _WORKDIR = flags.DEFINE_string('workdir', 'workdir/phase_a_pilot', 'Scratch folder.')
+  _OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
+
+
 def launch() -> None:
   """Defines the flags and runs the command: ``python -m studies.phase_a_pilot``."""
+  _define_flags()
   cli.run(main, config_flags=())
