@@ -103,14 +103,17 @@ def test_the_distilled_gradient_is_the_task_gradient_plus_the_mimicry_gradient()
   batch = mqar.mqar_batch(jax.random.key(3), 4, **run.data_args(config))
   p = config.data.num_pairs
   new, _ = lm.train_step(state, batch, method.mimicry, 'hedgehog', p)
-  task, _ = jax.grad(lm._metrics, has_aux=True)(state.params, model.apply, batch, p)  # pylint: disable=protected-access
-  _, inter = model.apply({'params': state.params}, batch.inputs, mutable=['intermediates'])
+  task, _ = jax.jit(lambda params: jax.grad(lm._metrics, has_aux=True)(  # pylint: disable=protected-access
+      params, model.apply, batch, p))(state.params)
+  _, inter = jax.jit(lambda params: model.apply({'params': params}, batch.inputs,
+                                                mutable=['intermediates']))(state.params)
+  distill_fn = jax.jit(jax.vmap(jax.grad(lambda w, q, k: mimicry.mimicry_hamiltonian(
+      w, q, k, feature_map='hedgehog', lam=0.0, target='cross_entropy'))))
   for block in ('block_0',):
     q, k = inter['intermediates'][block]['attn']['mimicry_inputs'][0]
     q, k = (jnp.moveaxis(a[:config.particles.rows], 2, 0) for a in (q, k))
     omega = state.params[block]['attn']['particles']
-    distill = jax.vmap(jax.grad(lambda w, q, k: mimicry.mimicry_hamiltonian(
-        w, q, k, feature_map='hedgehog', lam=0.0, target='cross_entropy')))(omega, q, k)
+    distill = distill_fn(omega, q, k)
     got = omega - new.params[block]['attn']['particles']
     np.testing.assert_allclose(got, task[block]['attn']['particles'] + distill,
                                rtol=1e-4, atol=1e-6)
@@ -123,17 +126,21 @@ def test_particles_flow_is_the_langevin_step_with_no_repulsion_and_no_noise():
   assert method.mimicry.lam == 0.0 and not method.mimicry.with_task_gradient
   state, batch = _state_and_batch(config, method)
   new, _ = lm.train_step(state, batch, method.mimicry, 'favor', config.data.num_pairs)
-  _, inter = method.model.apply({'params': state.params}, batch.inputs,
-                                mutable=['intermediates'])
-  flat_inputs = {('block_0', 'attn'): inter['intermediates']['block_0']['attn'][
-      'mimicry_inputs'][0]}
-  force = lm.mimicry_forces(state.params, flat_inputs, method.mimicry, 'favor')
   p = config.particles
-  omega = state.params['block_0']['attn']['particles']
-  # One projected gradient step: no noise (β = ∞), the force of D alone (λ = 0).
-  expected = langevin.langevin_step(jax.random.key(9), omega, force[('block_0', 'attn')],
-                                    step_size=p.step_size, beta=float('inf'),
-                                    radius=p.radius, clip_norm=p.clip_norm)
+
+  @jax.jit
+  def expected_step(params):
+    _, inter = method.model.apply({'params': params}, batch.inputs,
+                                  mutable=['intermediates'])
+    flat_inputs = {('block_0', 'attn'): inter['intermediates']['block_0']['attn'][
+        'mimicry_inputs'][0]}
+    force = lm.mimicry_forces(params, flat_inputs, method.mimicry, 'favor')
+    # One projected gradient step: no noise (β = ∞), the force of D alone (λ = 0).
+    return langevin.langevin_step(jax.random.key(9), params['block_0']['attn']['particles'],
+                                  force[('block_0', 'attn')], step_size=p.step_size,
+                                  beta=float('inf'), radius=p.radius, clip_norm=p.clip_norm)
+
+  expected = expected_step(state.params)
   np.testing.assert_allclose(new.params['block_0']['attn']['particles'], expected,
                              rtol=1e-5, atol=1e-6)
   # particles_softmax differs only in λ and β (here set, not calibrated).
