@@ -1,6 +1,6 @@
 """experiments.train on jax.distributed: two CPU processes on 127.0.0.1 (gloo) train to
 the metrics of one process, only process 0 writes the workdir, and a run resumes across
-process counts (issue 16, item 7).
+process counts (issue 16, item 7): one test, a run of 1 -> 2 -> 1 processes.
 
 The two processes are real subprocesses of ``python experiments/train.py
 --jax_distributed --coordinator_address=127.0.0.1:<free port> --num_processes=2
@@ -104,40 +104,26 @@ def one_process(tmp_path_factory):
   return train.train_and_evaluate(_config(data_dir), str(root / 'one')), data_dir
 
 
-def test_two_processes_train_to_the_one_process_metrics(one_process, tmp_path):
+def test_two_processes_resume_one_and_train_to_the_one_process_metrics(one_process, tmp_path):
+  # One process: 3 steps; two processes: 3 more; one process: the rest (1 -> 2 -> 1).
+  from experiments import train  # pylint: disable=g-import-not-at-top
   reference, data_dir = one_process
   workdir = str(tmp_path / 'two')
-  pid0 = _two_processes(workdir, data_dir)
-  with open(os.path.join(workdir, 'results.json')) as f:
-    results = json.load(f)
-  assert results['num_devices'] == 2 and results['sessions'][-1]['device_count'] == 2
-  print('two processes vs one: max |difference| of the metrics',
-        _max_difference(results, reference))
-  assert _max_difference(results, reference) < TOLERANCE
-  assert results['fingerprint'] == reference['fingerprint']
-  # Process 0 alone wrote the workdir: one history record per evaluation, no temporary
-  # files left, and the lock names it.
-  with open(os.path.join(workdir, 'history.jsonl')) as f:
-    records = [json.loads(line) for line in f]
-  assert [r.get('phase_a_step', r.get('epoch')) for r in records] == [2, 4, 0, 1]
-  assert not glob.glob(os.path.join(workdir, '**', '*.tmp'), recursive=True)
+  assert train.train_and_evaluate(_config(data_dir), workdir, stop_after_steps=3) is None
+  pid0 = _two_processes(workdir, data_dir, '--stop_after_steps=3')
+  assert not os.path.exists(os.path.join(workdir, 'results.json'))
+  # Process 0 alone wrote the workdir: the lock names it and no temporary file is left.
   with open(os.path.join(workdir, 'lock')) as f:
     assert f.read().startswith(f'pid {pid0} on host ')
-
-
-def test_a_run_resumes_across_process_counts(one_process, tmp_path):
-  from experiments import train  # pylint: disable=g-import-not-at-top
-  _, data_dir = one_process
-  # Softmax attention (Phase B only) compiles less; 2 epochs of 4 steps.
-  config = lambda: _config(data_dir, 'softmax,quick')
-  reference = train.train_and_evaluate(config(), str(tmp_path / 'one'))
-  workdir = str(tmp_path / 'resumed')
-  # One process: 3 steps; two processes: 3 more (past an epoch end); one process: the rest.
-  assert train.train_and_evaluate(config(), workdir, stop_after_steps=3) is None
-  _two_processes(workdir, data_dir, '--stop_after_steps=3', variant='softmax,quick')
-  assert not os.path.exists(os.path.join(workdir, 'results.json'))
-  results = train.train_and_evaluate(config(), workdir)
+  assert not glob.glob(os.path.join(workdir, '**', '*.tmp'), recursive=True)
+  results = train.train_and_evaluate(_config(data_dir), workdir)
   assert [s['device_count'] for s in results['sessions']] == [1, 2, 1]
   print('resumed 1 -> 2 -> 1 processes vs one: max |difference| of the metrics',
         _max_difference(results, reference))
   assert _max_difference(results, reference) < TOLERANCE
+  assert results['fingerprint'] == reference['fingerprint']
+  # One history record per evaluation across the three sessions.
+  with open(os.path.join(workdir, 'history.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  assert [r.get('phase_a_step', r.get('epoch')) for r in records] == [2, 4, 0, 1]
+  assert not glob.glob(os.path.join(workdir, '**', '*.tmp'), recursive=True)
