@@ -20,6 +20,15 @@ validation accuracy of the run and of its seed's Ball-X run. Per setting and map
 of ``--docs``) is the table of those means; the page's words around it are kept. Runs of
 ``phase_a.target = 'softmax'`` are another study's (``studies.phase_a_repulsion.softmax``). A
 file that holds runs the folders no longer give is not replaced (``--allow_fewer``).
+
+Per-run files (``experiments.analysis.run_files``, issue 39 item 6): one
+``<runs_out>/<setting>-<dataset>-kernel-<map>-seed<s>.json`` per run (the run's row, its
+config digest, machine and its Ball-X control's path, commit and digest), ``--runs_out``
+defaulting to ``<folder of --out>/runs/phase_a_repulsion`` (``results/runs/phase_a_repulsion``);
+files of other runs are kept. Where the run folders are gone, ``--runs_from_results`` writes
+them from the rows of ``--out`` alone (nothing else is written; ``from`` says so, no digest):
+
+  python -m studies.phase_a_repulsion --runs_from_results
 """
 
 import os
@@ -30,11 +39,13 @@ from absl import flags
 import numpy as np
 
 from experiments.analysis import loading
+from experiments.analysis import run_files
 from experiments.common import cli
 from experiments.common import page_block
 from experiments.common import provenance
 
 FLAGS = flags.FLAGS
+STUDY = 'phase_a_repulsion'
 BEGIN = '<!-- repulsion:begin (written by python -m studies.phase_a_repulsion) -->'
 END = '<!-- repulsion:end -->'
 DIVERSITY = ('top_direction_share', 'effective_rank', 'min_pairwise_distance')
@@ -83,6 +94,12 @@ def _check_same(runs: List[dict], fields, what: str) -> None:
 
 def collect(runs_dir: str, dataset: str) -> List[dict]:
   """Every Kernel-X run of every setting folder under ``runs_dir`` with its Ball-X run."""
+  return [row for row, _, _ in collect_runs(runs_dir, dataset)]
+
+
+def collect_runs(runs_dir: str, dataset: str) -> List[tuple]:
+  """``(row, Kernel-X results, {'ball': Ball-X results})`` of every run ``collect`` reads
+  (each results dict with its ``path`` under ``runs_dir``)."""
   base, _ = loading.load_runs(os.path.join(runs_dir, 'base'))
   balls = {(r['variant'], r['seed']): r for r in base if r['dataset'] == dataset}
   rows, kernels = [], []
@@ -102,12 +119,72 @@ def collect(runs_dir: str, dataset: str) -> List[dict]:
       if ball is None:
         raise ValueError(f'{r["path"]}: no Ball-X run of its map and seed under '
                          f'{os.path.join(runs_dir, "base", dataset)}.')
-      rows.append(run_row(setting, r, ball))
+      rows.append((run_row(setting, r, ball), r,
+                   {'ball': dict(ball, path=os.path.join('base', ball['path']))}))
     kernels += mine
   if not rows:
     raise ValueError(f'--runs: no kernel-<map> run of {dataset!r} under {runs_dir!r}.')
   _check_same(kernels, _SHARED_FIELDS, 'every setting must share the other Phase A fields')
-  return sorted(rows, key=lambda r: (r['relative_lam'], r['riesz_s'], r['map'], r['seed']))
+  return sorted(rows, key=lambda t: (t[0]['relative_lam'], t[0]['riesz_s'], t[0]['map'],
+                                     t[0]['seed']))
+
+
+def run_id(row: dict) -> str:
+  """A run's per-run file name: its path with ``-`` for ``/``
+  (``lam1_log-rotten_tomatoes-kernel-elu-seed0``)."""
+  return row['path'].replace('/', '-')
+
+
+def folder_records(study: str, runs_dir: str, found: List[tuple], command: str) -> List[dict]:
+  """``run_files.study_record`` of each ``(row, run, controls)`` (``collect_runs``): the row,
+  the run folder's config digest and machine, each control's path, commit and digest."""
+  source = f'run folders under {provenance.relative_path(runs_dir)}'
+  out = []
+  for row, run, controls in found:
+    folder = lambda r: os.path.join(runs_dir, r['path'])
+    out.append(run_files.study_record(
+        study, run_id(row), row, source, command,
+        controls={name: run_files.control_entry(c['path'], folder(c), c)
+                  for name, c in controls.items()},
+        **run_files.folder_provenance(folder(run), run)))
+  return out
+
+
+def runs_out_path(study: str) -> str:
+  """``--runs_out`` (default ``run_files.default_study_runs_out(study, --out)``), checked
+  before anything is written: one ``cli.ConfigError`` if it names a file."""
+  path = FLAGS.runs_out or run_files.default_study_runs_out(study, FLAGS.out)
+  run_files.check_runs_out(path)
+  return path
+
+
+def write_records(records: List[dict], runs_out: str) -> None:
+  try:
+    paths = run_files.write_study_records(records, runs_out)
+  except ValueError as e:
+    raise cli.ConfigError(f'--runs_out: {e}') from None
+  print(f'{runs_out}: {len(paths)} per-run files', flush=True)
+
+
+def write_from_results(study: str, module: str, out: str, runs_out: str, page_flag: str) -> None:
+  """``--runs_from_results``: the per-run files of every row of ``out``'s ``runs`` (the run
+  folders gone), nothing else. Shared with ``studies.phase_a_repulsion.softmax``."""
+  if getattr(FLAGS, page_flag):
+    raise cli.ConfigError(f'--runs_from_results writes only the per-run files; drop '
+                          f'--{page_flag}.')
+  if not os.path.isfile(out):
+    raise cli.ConfigError(f'--out: {out!r} is not a file (--runs_from_results reads its rows).')
+  table = loading.read_json(out)
+  rows = table.get('runs') if isinstance(table, dict) else None
+  if not rows or not isinstance(rows, list):
+    raise cli.ConfigError(f'--out: {out} holds no runs to write per-run files from.')
+  try:
+    records = run_files.summary_records(study, out, rows, run_id, run_files.written_by(module),
+                                        table.get('machine'))
+  except (KeyError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'--out: {out}: a row of its runs cannot name a per-run file '
+                          f'({e!r}).') from None
+  write_records(records, runs_out)
 
 
 def summarize(rows: List[dict]) -> List[dict]:
@@ -181,12 +258,20 @@ def run_keys(out: str) -> dict:
 
 
 def write_study(module: str, rows: List[dict], summary: List[dict], markdown_fn, begin: str,
-                end: str) -> None:
-  """Writes ``--out`` (metadata, ``settings`` = ``summary``, ``runs`` = ``rows``) and the page
-  block of ``--docs`` (``markdown_fn(summary, meta)``), refusing first to replace ``--out``
-  by fewer runs (``--allow_fewer``). Shared with ``studies.phase_a_repulsion.softmax``."""
+                end: str, records: List[dict] = (), runs_out: str = '') -> None:
+  """Writes ``--out`` (metadata, ``settings`` = ``summary``, ``runs`` = ``rows``), the page
+  block of ``--docs`` (``markdown_fn(summary, meta)``) and the per-run ``records`` into
+  ``runs_out`` (``run_files.write_study_records``; none without ``runs_out``), refusing
+  first to replace ``--out`` by fewer runs (``--allow_fewer``). Shared with
+  ``studies.phase_a_repulsion.softmax``."""
   loading.check_not_fewer(run_keys(FLAGS.out), {'runs': _keys(rows)}, FLAGS.out,
                           FLAGS.allow_fewer)
+  try:
+    run_files.check_records(list(records), runs_out or '.')     # refused before any write
+  except ValueError as e:
+    raise cli.ConfigError(f'--runs_out: {e}') from None
+  loading.check_folder('--out', os.path.dirname(FLAGS.out) or '.')
+  os.makedirs(os.path.dirname(FLAGS.out) or '.', exist_ok=True)
   meta = provenance.run_metadata(module)
   machine = meta['machine']
   meta_page = {'out': FLAGS.out, 'command': meta['command'], 'commit': meta['commit'][:8],
@@ -195,6 +280,8 @@ def write_study(module: str, rows: List[dict], summary: List[dict], markdown_fn,
                                                settings=summary, runs=rows), indent=1)
   if FLAGS.docs:
     page_block.write_block(FLAGS.docs, begin, end, markdown_fn(summary, meta_page))
+  if runs_out:
+    write_records(list(records), runs_out)
 
 
 def check_runs_folder(argv) -> None:
@@ -206,12 +293,21 @@ def check_runs_folder(argv) -> None:
 
 
 def main(argv):
+  module = 'studies.phase_a_repulsion'
+  if FLAGS.runs_from_results:
+    if len(argv) > 1:
+      raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+    write_from_results(STUDY, module, FLAGS.out, runs_out_path(STUDY), 'docs')
+    return
   check_runs_folder(argv)
+  runs_out = runs_out_path(STUDY)
   try:
-    rows = collect(FLAGS.runs, FLAGS.dataset)
+    found = collect_runs(FLAGS.runs, FLAGS.dataset)
   except (ValueError, FileNotFoundError) as e:
     raise cli.ConfigError(str(e)) from None
-  write_study('studies.phase_a_repulsion', rows, summarize(rows), markdown, BEGIN, END)
+  rows = [row for row, _, _ in found]
+  records = folder_records(STUDY, FLAGS.runs, found, run_files.written_by(module))
+  write_study(module, rows, summarize(rows), markdown, BEGIN, END, records, runs_out)
 
 
 def launch() -> None:
@@ -222,4 +318,14 @@ def launch() -> None:
   flags.DEFINE_string('out', 'results/phase_a_repulsion.json', 'Per-run and summary JSON.')
   flags.DEFINE_string('docs', '', 'Page whose repulsion block is rewritten (empty: none).')
   flags.DEFINE_bool('allow_fewer', False, 'Replace --out even if it holds runs not found now.')
+  define_run_file_flags(STUDY)
   cli.run(main)
+
+
+def define_run_file_flags(study: str) -> None:
+  """``--runs_out`` and ``--runs_from_results`` (shared with the softmax part)."""
+  flags.DEFINE_string('runs_out', '', 'Folder of the per-run files <run>.json (empty: '
+                      f'<folder of --out>/runs/{study}).')
+  flags.DEFINE_bool('runs_from_results', False, 'Only write the per-run files, from the '
+                    'rows of --out (for runs whose folders are gone); --out and the page are '
+                    'not written.')

@@ -20,6 +20,13 @@ the test and validation accuracy of the run and of its controls. Per setting and
 (``settings``): the means over seeds. The page block (between the ``phase-a-softmax``
 markers of ``--docs``) is the table of those means; the words around it are kept. A
 file that holds runs the folders no longer give is not replaced (``--allow_fewer``).
+
+Per-run files, as ``studies.phase_a_repulsion``'s (``<setting>-<dataset>-kernel-<map>-seed<s>.json``,
+with the Ball-X, Vanilla-X and label-target controls): ``--runs_out`` defaults to
+``<folder of --out>/runs/phase_a_softmax``; ``--runs_from_results`` writes them from the
+rows of ``--out`` alone, where the run folders are gone:
+
+  python -m studies.phase_a_repulsion.softmax --runs_from_results
 """
 
 import os
@@ -31,9 +38,11 @@ import numpy as np
 
 from studies.phase_a_repulsion import command as phase_a_repulsion
 from experiments.analysis import loading
+from experiments.analysis import run_files
 from experiments.common import cli
 
 FLAGS = flags.FLAGS
+STUDY = 'phase_a_softmax'
 BEGIN = '<!-- phase-a-softmax:begin (written by python -m studies.phase_a_repulsion.softmax) -->'
 END = '<!-- phase-a-softmax:end -->'
 KL_KINDS = ('initial', 'ball', 'learned')
@@ -78,7 +87,15 @@ def run_row(setting: str, run: dict, controls: Dict[str, dict]) -> dict:
 
 def collect(runs_dir: str, settings: List[str], labels_setting: str, dataset: str) -> List[dict]:
   """Every softmax-target run of ``settings`` with its controls (ValueError if one lacks)."""
+  return [row for row, _, _ in collect_runs(runs_dir, settings, labels_setting, dataset)]
+
+
+def collect_runs(runs_dir: str, settings: List[str], labels_setting: str,
+                 dataset: str) -> List[tuple]:
+  """``(row, results, {control: results})`` of every run ``collect`` reads (each results
+  dict with its ``path`` under ``runs_dir``)."""
   base, _ = loading.load_runs(os.path.join(runs_dir, 'base'))
+  base = [dict(r, path=os.path.join('base', r['path'])) for r in base]
   ball = _by_key([r for r in base if r['variant'].startswith('ball-')], dataset)
   vanilla = _by_key([r for r in base if r['variant'].startswith('vanilla-')], dataset)
   labels = _load(runs_dir, labels_setting, dataset, 'labels')
@@ -90,7 +107,7 @@ def collect(runs_dir: str, settings: List[str], labels_setting: str, dataset: st
       if missing:
         raise ValueError(f'{run["path"]}: no {missing} control run of map {key[0]!r} seed '
                          f'{key[1]} (base/ and {labels_setting}/ under {runs_dir!r}).')
-      rows.append(run_row(setting, run, controls))
+      rows.append((run_row(setting, run, controls), run, controls))
   if not rows:
     raise ValueError(f'--settings: no finished softmax-target run of {dataset!r} in '
                      f'{settings} under {runs_dir!r}.')
@@ -147,13 +164,24 @@ def markdown(summary: List[dict], meta: dict) -> List[str]:
 
 
 def main(argv):
+  module = 'studies.phase_a_repulsion.softmax'
+  if FLAGS.runs_from_results:
+    if len(argv) > 1:
+      raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+    phase_a_repulsion.write_from_results(STUDY, module, FLAGS.out,
+                                         phase_a_repulsion.runs_out_path(STUDY), 'docs')
+    return
   phase_a_repulsion.check_runs_folder(argv)
+  runs_out = phase_a_repulsion.runs_out_path(STUDY)
   try:
-    rows = collect(FLAGS.runs, FLAGS.settings, FLAGS.labels_setting, FLAGS.dataset)
+    found = collect_runs(FLAGS.runs, FLAGS.settings, FLAGS.labels_setting, FLAGS.dataset)
   except (ValueError, FileNotFoundError) as e:
     raise cli.ConfigError(str(e)) from None
-  phase_a_repulsion.write_study('studies.phase_a_repulsion.softmax', rows, summarize(rows), markdown,
-                                BEGIN, END)
+  rows = [row for row, _, _ in found]
+  records = phase_a_repulsion.folder_records(STUDY, FLAGS.runs, found,
+                                             run_files.written_by(module))
+  phase_a_repulsion.write_study(module, rows, summarize(rows), markdown, BEGIN, END, records,
+                                runs_out)
 
 
 def launch() -> None:
@@ -168,6 +196,7 @@ def launch() -> None:
   flags.DEFINE_string('out', 'results/phase_a_softmax.json', 'Per-run and summary JSON.')
   flags.DEFINE_string('docs', '', 'Page whose phase-a-softmax block is rewritten (empty: none).')
   flags.DEFINE_bool('allow_fewer', False, 'Replace --out even if it holds runs not found now.')
+  phase_a_repulsion.define_run_file_flags(STUDY)
   cli.run(main)
 
 
