@@ -12,6 +12,16 @@ accuracy, then ``--finetune_steps`` with the features frozen) into
 command resumes. ``--results`` is rewritten from every finished conversion under
 ``--workdir`` (never from fewer rows than it holds), ``--page`` gets the table between
 its ``mqar_conversion`` markers.
+
+Per-run files (``experiments.analysis.run_files``, issue 39 item 6): one
+``<runs_out>/<method>-<teacher run>.json`` per conversion (its row: settings, teacher,
+every accuracy and loss, commit, machine), ``--runs_out`` defaulting to
+``<folder of --results>/runs/mqar_conversion``; files of other runs are kept. A
+conversion folder holds its result.json only, so no config digest. Where the conversion
+folders are gone, ``--runs_from_results`` writes the files from the rows of ``--results``
+alone (nothing else is written, no conversion is run):
+
+  python -m studies.mqar_convert --runs_from_results
 """
 
 import glob
@@ -20,6 +30,8 @@ import os
 
 from absl import flags
 
+from experiments.analysis import loading
+from experiments.analysis import run_files
 from experiments.common import cli
 from experiments.common import page_block
 from experiments.common import provenance
@@ -28,6 +40,9 @@ from experiments.recall import run as run_lib
 from studies.mqar_convert import convert
 
 FLAGS = flags.FLAGS
+STUDY = 'mqar_conversion'
+MODULE = 'studies.mqar_convert'
+NO_DIGEST = 'none: a conversion folder holds its result.json only (no config.json)'
 BEGIN = '<!-- mqar_conversion:begin (written by python -m studies.mqar_convert) -->'
 END = '<!-- mqar_conversion:end -->'
 
@@ -76,16 +91,63 @@ def table(rows: list) -> list:
                   'Commands: ' + '; '.join(f'`{c}`' for c in commands) + '.']
 
 
+def run_id(row: dict) -> str:
+  """A conversion's per-run file name, its folder's: ``<method>-<teacher run folder>``."""
+  return f'{row["method"]}-{os.path.basename(os.path.normpath(row["teacher"]))}'
+
+
+def records(rows: list, root: str) -> list:
+  """``run_files.study_record`` of every conversion row read from the folders under ``root``."""
+  source = f'run folders under {provenance.relative_path(root)}'
+  return [run_files.study_record(STUDY, run_id(r), r, source, run_files.written_by(MODULE),
+                                 None, NO_DIGEST, machine_from='the row') for r in rows]
+
+
+def write_records(recs: list, runs_out: str) -> None:
+  try:
+    paths = run_files.write_study_records(recs, runs_out)
+  except ValueError as e:
+    raise cli.ConfigError(f'--runs_out: {e}') from None
+  print(f'{runs_out}: {len(paths)} per-run files', flush=True)
+
+
+def runs_from_results(runs_out: str) -> None:
+  """``--runs_from_results``: the per-run files of every row of ``--results``, nothing else."""
+  if FLAGS.page:
+    raise cli.ConfigError('--runs_from_results writes only the per-run files; drop --page.')
+  if not os.path.isfile(FLAGS.results):
+    raise cli.ConfigError(f'--results: {FLAGS.results!r} is not a file (--runs_from_results '
+                          'reads its rows).')
+  table = loading.read_json(FLAGS.results)
+  rows = table.get('runs') if isinstance(table, dict) else None
+  if not rows or not isinstance(rows, list):
+    raise cli.ConfigError(f'--results: {FLAGS.results} holds no runs to write per-run files '
+                          'from.')
+  try:
+    recs = run_files.summary_records(STUDY, FLAGS.results, rows, run_id,
+                                     run_files.written_by(MODULE))
+    run_files.check_records(recs, runs_out)
+  except (KeyError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'--results: {FLAGS.results}: a row cannot name a per-run file '
+                          f'({e!r}).') from None
+  write_records(recs, runs_out)
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  runs_out = FLAGS.runs_out or run_files.default_study_runs_out(STUDY, FLAGS.results)
+  run_files.check_runs_out(runs_out)
+  if FLAGS.runs_from_results:
+    runs_from_results(runs_out)
+    return
   if not FLAGS.workdir:
     raise cli.ConfigError('--workdir is required.')
   for m in FLAGS.methods:
     if m not in convert.CONVERT_METHODS:
       raise cli.ConfigError(f'--methods: {m!r} is not one of {convert.CONVERT_METHODS}.')
   found = teachers(FLAGS.teachers)
-  metadata = provenance.run_metadata('studies.mqar_convert')
+  metadata = provenance.run_metadata(MODULE)
   if not FLAGS.collect_only:
     for teacher in found:
       for method in FLAGS.methods:
@@ -96,9 +158,15 @@ def main(argv):
   rows = collect(FLAGS.workdir, FLAGS.results)
   if not rows:
     raise cli.ConfigError(f'--workdir: no finished conversion under {FLAGS.workdir!r}.')
+  try:
+    recs = records(rows, FLAGS.workdir)
+    run_files.check_records(recs, runs_out)
+  except (KeyError, ValueError) as e:
+    raise cli.ConfigError(f'--runs_out: {e!r}') from None
   provenance.write_json_atomic(FLAGS.results, {'runs': rows}, indent=1)
   if FLAGS.page:
     page_block.write_block(FLAGS.page, BEGIN, END, table(rows))
+  write_records(recs, runs_out)
 
 
 def launch() -> None:
@@ -113,4 +181,9 @@ def launch() -> None:
   flags.DEFINE_string('results', 'results/mqar_conversion.json', 'Results file rewritten.')
   flags.DEFINE_string('page', '', 'Page whose mqar_conversion block is rewritten.')
   flags.DEFINE_bool('collect_only', False, 'Only rewrite --results (and --page).')
+  flags.DEFINE_string('runs_out', '', 'Folder of the per-run files <run>.json (empty: '
+                      f'<folder of --results>/runs/{STUDY}).')
+  flags.DEFINE_bool('runs_from_results', False, 'Only write the per-run files, from the rows '
+                    'of --results (for conversions whose folders are gone); nothing else is '
+                    'written or run.')
   cli.run(main)
