@@ -16,6 +16,14 @@ accuracies, zero-shot recovery, the softmax encoder fine-tuned the same way, the
 counts), ``pilot``, ``settings``, ``parts`` (each part file's encoder, commits) and the
 command, commit and machine of this write. A file is written only from at least one
 complete part file; an existing results file is never replaced by an empty one.
+
+Per-run files (``experiments.analysis.run_files``; a run is one part of one encoder):
+``<runs_out>/<part>-<dataset>-seed<k>.json``. From the workdir (``run_records``) each holds
+its whole part file (every metric per method, N, layer and head), with the encoder
+folder's config digest where that folder is here. From a results file whose workdir is
+gone (``summary_run_records``) only what the summary keeps per seed: a conversion part's
+accuracies (softmax, and every method and N zero-shot and fine-tuned); a fidelity part's
+per-seed values are not in it (seed means and intervals only), and its file says so.
 """
 
 import json
@@ -23,6 +31,8 @@ import os
 
 import numpy as np
 
+from experiments.analysis import loading
+from experiments.analysis import run_files
 from experiments.common import cli
 from experiments.common import provenance
 from studies.softmax_mimicry import conversion
@@ -30,6 +40,10 @@ from studies.softmax_mimicry import fidelity
 from studies.softmax_mimicry import fit
 
 REFERENCE = 'favor_orthogonal'
+STUDY = 'softmax_mimicry'
+PART_NAMES = ('fidelity', 'conversion')
+NOT_KEPT = ('the summary keeps only seed means and 95% intervals of the fidelity, no '
+            'per-seed value')
 
 
 def _parts(workdir, name):
@@ -140,3 +154,59 @@ def write_results(config, workdir: str, path: str) -> dict:
   provenance.write_json_atomic(path, out, indent=1)
   print(f'{path}: fidelity of {len(fid)} encoders, conversion of {len(conv)}', flush=True)
   return out
+
+
+def run_id(row: dict) -> str:
+  """``<part>-<dataset>-seed<k>``."""
+  return f'{row["part"]}-{row["dataset"]}-seed{int(row["seed"])}'
+
+
+def _encoder_digest(run_dir: str):
+  """``(config_sha256, from)`` of an encoder folder (relative to the repository root)."""
+  folder = os.path.join(provenance.REPO_ROOT, run_dir)
+  results_path = os.path.join(folder, 'results.json')
+  if not (os.path.isfile(results_path) or os.path.isfile(os.path.join(folder, 'config.json'))):
+    return None, f'none: the encoder folder {run_dir} is not here'
+  results = loading.read_json(results_path) if os.path.isfile(results_path) else {}
+  digest, where = run_files.config_sha256(folder, results)
+  return digest, f'the encoder {run_dir}: {where}'
+
+
+def run_records(workdir: str, command: str) -> list:
+  """``run_files.study_record`` of every part file of ``workdir`` (``{part, dataset}`` and
+  the file as it is)."""
+  source = f'part files under {provenance.relative_path(workdir)}'
+  out = []
+  for name in PART_NAMES:
+    for (dataset, seed), part in sorted(_parts(workdir, name).items()):
+      row = dict({'part': name, 'dataset': dataset}, **part)
+      digest, where = _encoder_digest(part['run_dir'])
+      machine = row.pop('machine', None)
+      out.append(run_files.study_record(
+          STUDY, run_id(row), row, source, command, digest, where, machine=machine,
+          machine_from='the part file' if machine else 'none: the part file has none'))
+  return out
+
+
+def _seed_values(table: dict, part: dict) -> dict:
+  """What ``table`` (a results file) keeps of one part's seed: ``{}`` for fidelity, the
+  accuracies for conversion (shaped as the part file: ``softmax.zero_shot.accuracy`` and
+  ``methods[m][N].{zero_shot, finetuned}.accuracy``)."""
+  if part['part'] != 'conversion':
+    return {'not_kept': NOT_KEPT}
+  det = table['conversion_details'][part['dataset']]
+  i = det['seeds'].index(part['seed'])
+  return {'test_rows': det['test_rows'], 'finetune_rows': det['finetune_rows'],
+          'softmax': {'zero_shot': {'accuracy': det['softmax_accuracy_per_seed'][i]}},
+          'methods': {m: {n: {'zero_shot': {'accuracy': v['zero_shot_accuracy_per_seed'][i]},
+                              'finetuned': {'accuracy': v['finetuned_accuracy_per_seed'][i]}}
+                          for n, v in by_n.items()}
+                      for m, by_n in det['methods'].items()},
+          'not_kept': 'log loss and ECE per seed (the summary keeps their seed means only)'}
+
+
+def summary_run_records(table: dict, path: str, command: str) -> list:
+  """``run_files.summary_records`` of every row of ``table['parts']`` (a results file read
+  from ``path``, its workdir gone), each with what ``table`` keeps of that seed."""
+  rows = [dict(p, **_seed_values(table, p)) for p in table['parts']]
+  return run_files.summary_records(STUDY, path, rows, run_id, command, table.get('machine'))

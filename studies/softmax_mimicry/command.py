@@ -13,6 +13,15 @@ schema of issue 24: ``fidelity`` and ``conversion``, plus ``headline``, ``settin
 ``pilot`` and provenance) from every part file there, and, with ``--page``, redraws the
 page's figures and tables between its markers (``studies/softmax_mimicry/page.py``).
 ``--collect_only``: only that last step. Every argument is checked before any compute.
+
+Per-run files (``experiments.analysis.run_files``, issue 39 item 6): one
+``<runs_out>/<part>-<dataset>-seed<k>.json`` per part file of ``--workdir``
+(``collect.run_records``), ``--runs_out`` defaulting to
+``<folder of --out>/runs/softmax_mimicry``; files of other runs are kept. Where the workdir
+is gone, ``--runs_from_results`` writes them from ``--out`` alone (what it keeps per seed;
+nothing else is written or run):
+
+  python -m studies.softmax_mimicry --runs_from_results
 """
 
 import os
@@ -20,6 +29,8 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
+from experiments.analysis import loading
+from experiments.analysis import run_files
 from experiments.common import cli
 from studies.softmax_mimicry import collect
 from studies.softmax_mimicry import encoders
@@ -27,6 +38,7 @@ from studies.softmax_mimicry import page as page_lib
 from studies.softmax_mimicry import study
 
 FLAGS = flags.FLAGS
+MODULE = 'studies.softmax_mimicry'
 DATASETS = ('rotten_tomatoes', 'sst2')
 PARTS = ('fidelity', 'conversion')
 
@@ -79,7 +91,40 @@ def _parse(argv):
   return datasets, seeds, parts
 
 
+def _write_records(records: list, runs_out: str) -> None:
+  try:
+    paths = run_files.write_study_records(records, runs_out)
+  except ValueError as e:
+    raise cli.ConfigError(f'--runs_out: {e}') from None
+  print(f'{runs_out}: {len(paths)} per-run files', flush=True)
+
+
+def runs_from_results(runs_out: str) -> None:
+  """``--runs_from_results``: the per-run files of every part ``--out`` lists, nothing else."""
+  if FLAGS.page:
+    raise cli.ConfigError('--runs_from_results writes only the per-run files; drop --page.')
+  if not os.path.isfile(FLAGS.out):
+    raise cli.ConfigError(f'--out: {FLAGS.out!r} is not a file (--runs_from_results reads it).')
+  table = loading.read_json(FLAGS.out)
+  if not isinstance(table, dict) or not table.get('parts'):
+    raise cli.ConfigError(f'--out: {FLAGS.out} lists no parts to write per-run files from.')
+  try:
+    records = collect.summary_run_records(table, FLAGS.out, run_files.written_by(MODULE))
+    run_files.check_records(records, runs_out)
+  except (KeyError, IndexError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'--out: {FLAGS.out}: its parts cannot give per-run files '
+                          f'({e!r}).') from None
+  _write_records(records, runs_out)
+
+
 def main(argv):
+  runs_out = FLAGS.runs_out or run_files.default_study_runs_out(collect.STUDY, FLAGS.out)
+  run_files.check_runs_out(runs_out)
+  if FLAGS.runs_from_results:
+    if len(argv) > 1:
+      raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+    runs_from_results(runs_out)
+    return
   datasets, seeds, parts = _parse(argv)
   config = FLAGS.config
   check_config(config)
@@ -102,9 +147,15 @@ def main(argv):
           study.run_fidelity(config, pilot, encoder, seed, out_dir, log)
         else:
           study.run_conversion(config, encoder, seed, out_dir, log)
+  records = collect.run_records(FLAGS.workdir, run_files.written_by(MODULE))
+  try:
+    run_files.check_records(records, runs_out)
+  except ValueError as e:
+    raise cli.ConfigError(f'--runs_out: {e}') from None
   table = collect.write_results(config, FLAGS.workdir, FLAGS.out)
   if FLAGS.page:
     page_lib.write_page(table, FLAGS.page, FLAGS.figures)
+  _write_records(records, runs_out)
 
 
 def launch() -> None:
@@ -120,4 +171,8 @@ def launch() -> None:
   flags.DEFINE_string('page', '', 'Also redraw this page (docs/softmax_mimicry.md).')
   flags.DEFINE_string('figures', 'docs/figures', 'Folder of the page\'s figures.')
   flags.DEFINE_bool('collect_only', False, 'Only write --out (and --page) from --workdir.')
+  flags.DEFINE_string('runs_out', '', 'Folder of the per-run files <part>-<dataset>-seed<k>.json '
+                      f'(empty: <folder of --out>/runs/{collect.STUDY}).')
+  flags.DEFINE_bool('runs_from_results', False, 'Only write the per-run files, from --out (for '
+                    'a workdir that is gone); nothing else is written or run.')
   cli.run(main)

@@ -15,6 +15,7 @@ r"""The three parts of the mimicry study, each a resumable JSON file of the work
   encoder fine-tuned the same way is the control of that extra epoch.
 
 A part whose file exists is not redone (each file is written atomically once complete).
+Each part file records the commit and machine it was made at.
 Keys: encoder seed k draws every method's rows with ``fold_in(PRNGKey(k), N)`` (shared by
 favor_iid, ball and the particles) and fits with ``fold_in(PRNGKey(k + 1000), N)``.
 """
@@ -160,7 +161,7 @@ def run_fidelity(config, pilot, encoder, seed, out_dir, log: Callable = print) -
         np.save(os.path.join(out_dir, f'rows_{method}_{n}.npy'), np.asarray(omega))
       log(f'{encoder.run_dir} {method} N={n}: KL {np.mean(got["kl"]):.4f} output error '
           f'{np.mean(got["output_error"]):.4f} ({seconds:.1f} s)')
-  out = {'commit': provenance.git_commit(),
+  out = {'commit': provenance.git_commit(), 'machine': provenance.machine(),
          'run_dir': provenance.relative_path(encoder.run_dir), 'seed': seed,
          'encoder_commit': encoder.results.get('commit'), 'groups': 'layer * num_heads + head',
          'fit_rows': d.fit_rows, 'heldout_rows': d.heldout_rows, 'methods': table}
@@ -195,7 +196,8 @@ def run_conversion(config, encoder, seed, out_dir, log: Callable = print) -> dic
     return {'zero_shot': zero, 'finetuned': conversion.evaluate(model, tuned, test)}
 
   start = time.time()
-  out = {'commit': provenance.git_commit(), 'encoder_commit': encoder.results.get('commit'),
+  out = {'commit': provenance.git_commit(), 'machine': provenance.machine(),
+         'encoder_commit': encoder.results.get('commit'),
          'run_dir': provenance.relative_path(encoder.run_dir), 'seed': seed,
          'test_rows': len(test.labels), 'finetune_rows': len(train_rows.labels),
          'softmax': both(encoder.model), 'methods': {}}
