@@ -39,6 +39,7 @@ from absl import logging
 
 from configs import text
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.run.train_config import DATASETS, run_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,12 +237,16 @@ def commands(fv, overrides) -> list:
   """``[(run_dir, command)]`` of the runs still to do (``plan``); every flag and run
   config checked first, and every finished folder against the config it would run."""
   variants, seeds = check_flags(fv)
+  outputs.check_folder('--workdir', fv.workdir)  # a file, or under one: before any run
   check_overrides(fv.dataset, variants, overrides)
   expected = lambda dataset, variant, seed, out: load_config(
       dataset, variant, run_args(fv, overrides, dataset, variant, seed, out))
+  runs = plan(fv.dataset, variants, seeds, fv.workdir, expected)
+  for _, _, _, out in runs:                  # each run folder and its log.txt can be made
+    outputs.check_folder('--workdir', out)
+    outputs.check_files_in('--workdir', out, ['log.txt'])
   return [(out, [sys.executable] + TRAIN + run_args(fv, overrides, dataset, variant, seed, out))
-          for dataset, variant, seed, out in plan(fv.dataset, variants, seeds, fv.workdir,
-                                                   expected)]
+          for dataset, variant, seed, out in runs]
 
 
 def main(argv, flag_values=None):

@@ -12,6 +12,10 @@ unfinished ones resumed), and after each run the worker rewrites ``--results`` f
 finished runs, keeping the runs the file holds that the workdir lacks. ``--collect_only``:
 only that rewrite (with ``--page=docs/recall.md``: also
 its figure and table, ``experiments/recall/page.py``). The results file never loses a run.
+Every output path (``--workdir``, ``--results``, ``--runs_dir``, ``--page``, ``--figure``,
+``--archive``) is checked before anything is computed or written, and an output flag the
+mode would ignore (``--page`` without ``--collect_only``, ``--results`` for one run) is
+refused: one line naming the flag (``check_flags``, ``outputs``).
 
   python -m experiments.mqar --workdir=workdir/mqar/main --collect_only --page=docs/recall.md
   python -m experiments.mqar --workdir=workdir/mqar/long --collect_only \
@@ -29,6 +33,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import provenance
 from experiments.recall import batched as batched_lib
 from experiments.recall import grid as grid_lib
@@ -58,9 +63,20 @@ def write_results(root: str, path: str, log=run_lib.log_line) -> int:
         old = json.load(f)
       except json.JSONDecodeError as e:
         raise cli.ConfigError(f'--results: {path}: not valid JSON ({e}).') from None
+    if (not isinstance(old, dict) or not {'vocab', 'num_train'} <= set(old)
+        or not isinstance(old.get('runs', []), list)):
+      what = (f'an object with keys {sorted(old)}' if isinstance(old, dict)
+              else f'a JSON {type(old).__name__}')
+      raise cli.ConfigError(f'--results: {path}: not a results file of experiments.mqar '
+                            f'(an object with vocab, num_train and a list of runs), but '
+                            f'{what}; nothing was written.')
     have = {_run_key(r) for r in rows}
-    kept = [dict(r, vocab=old['vocab'], num_train=old['num_train'])
-            for r in old.get('runs', []) if _run_key(r) not in have]
+    try:
+      kept = [dict(r, vocab=old['vocab'], num_train=old['num_train'])
+              for r in old.get('runs', []) if _run_key(r) not in have]
+    except (KeyError, TypeError) as e:
+      raise cli.ConfigError(f'--results: {path}: a run of its runs list lacks a field of the '
+                            f'results file ({e!r}); nothing was written.') from None
     rows = rows + kept
   try:
     table = grid_lib.results_file(grid_lib.sort_rows(rows))
@@ -103,10 +119,13 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
     try:
       with open(path) as f:
         old = json.load(f)
+      if not isinstance(old, dict):
+        raise TypeError(f'a JSON {type(old).__name__}, not an object')
       old_runs, old_pilots = old['runs'], old.get('pilots', [])
       old_failed = old.get('failed_programs', [])
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-      raise cli.ConfigError(f'--results: {path}: not a results file of this grid ({e!r}).') from None
+      raise cli.ConfigError(f'--results: {path}: not a results file of this grid ({e!r}); '
+                            'nothing was written.') from None
     for new, kept in ((runs, old_runs), (pilots, old_pilots)):
       have = {grid_lib.zoology_key(r) for r in new}
       new.extend(r for r in kept if grid_lib.zoology_key(r) not in have)
@@ -232,14 +251,45 @@ def run_batched(config, programs, root: str, results: str, runs_dir: str, budget
 
 def check_outputs(**paths) -> None:
   """Every output path (``--<name>=path``) can be written, before any is: its folder
-  exists and it is not a folder itself. One ``cli.ConfigError`` naming the flag."""
+  exists and it is not a folder itself (``outputs.check_file``). One ``cli.ConfigError``
+  naming the flag."""
   for flag, path in paths.items():
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-      raise cli.ConfigError(f'--{flag}: the folder {folder} of {path} does not exist; '
-                            'nothing was written.')
-    if os.path.isdir(path):
-      raise cli.ConfigError(f'--{flag}: {path} is a folder, not a file; nothing was written.')
+    outputs.check_file(flag, path)
+
+
+# The flags that name what one mode writes: given to a mode that does not write it, it
+# would be ignored without a word (a page not redrawn, results not where asked).
+_MODE_FLAGS = {
+    'page': ('--collect_only', lambda collect, grid: collect),
+    'figure': ('--collect_only', lambda collect, grid: collect),
+    'block': ('--collect_only', lambda collect, grid: collect),
+    'results': ('--grid or --collect_only (a single run writes <workdir>/result.json)',
+                lambda collect, grid: collect or grid),
+    'runs_dir': ('--grid=zoology or a batched grid',
+                 lambda collect, grid: grid == 'zoology' or grid in grid_lib.BATCHED_GRIDS),
+    'archive': ('a batched grid, without --collect_only',
+                lambda collect, grid: grid in grid_lib.BATCHED_GRIDS and not collect),
+}
+
+
+def check_flags() -> None:
+  """The workdir and the flags of outputs the mode does not write, before anything is
+  read, computed or written: one ``cli.ConfigError`` naming the flag and its value."""
+  for flag, (where, used) in _MODE_FLAGS.items():
+    if FLAGS[flag].present and not used(FLAGS.collect_only, FLAGS.grid):
+      raise cli.ConfigError(f'--{flag}={FLAGS[flag].value}: only with {where}; this command '
+                            'would ignore it. Nothing was run or written.')
+  outputs.check_folder('--workdir', FLAGS.workdir)
+
+
+def check_collect_source(workdir: str, results: str) -> None:
+  """``--collect_only`` with neither runs nor results to collect: one line naming
+  ``--workdir`` (a missing workdir is fine when ``--results`` holds the runs: a new
+  checkout regenerates its page from the committed file)."""
+  if not os.path.isdir(workdir) and not os.path.exists(results):
+    raise cli.ConfigError(f'--workdir: {workdir} does not exist, and --results {results} '
+                          'does not exist either: no finished run to collect; nothing was '
+                          'written.')
 
 
 def main(argv):
@@ -247,6 +297,7 @@ def main(argv):
     raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
   if not FLAGS.workdir:
     raise cli.ConfigError('--workdir is required.')
+  check_flags()
   config = FLAGS.config
   batched = FLAGS.grid in grid_lib.BATCHED_GRIDS
   if FLAGS.grid == 'zoology' or batched:
@@ -259,19 +310,13 @@ def main(argv):
     if batched and FLAGS.runs_dir == RUNS_DIR:    # <results' folder>/runs/<results' name>
       FLAGS.runs_dir = os.path.join(os.path.dirname(results), 'runs',
                                     os.path.splitext(os.path.basename(results))[0])
-    parent = os.path.dirname(os.path.abspath(results))
-    if not os.path.isdir(parent):
-      raise cli.ConfigError(f'--results: the folder {parent} of {results} does not exist.')
-    ancestor = os.path.abspath(FLAGS.runs_dir)
-    while not os.path.exists(ancestor):
-      ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-      raise cli.ConfigError(f'--runs_dir: {FLAGS.runs_dir} cannot be a folder: {ancestor} '
-                            f'is a file.')
+    check_outputs(results=results)
+    outputs.check_folder('--runs_dir', FLAGS.runs_dir)
     if FLAGS.collect_only:
       figure = FLAGS.figure if FLAGS['figure'].present else zoology_page.FIGURE
       if FLAGS.page:
         check_outputs(page=FLAGS.page, figure=figure)
+      check_collect_source(FLAGS.workdir, results)
       write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
       if FLAGS.page:
         files = [f for f in ZOOLOGY_RESULTS if os.path.exists(f)]
@@ -300,6 +345,7 @@ def main(argv):
       raise cli.ConfigError(str(e)) from None
     check_outputs(results=FLAGS.results, **(
         {'page': FLAGS.page, 'figure': FLAGS.figure} if FLAGS.page else {}))
+    check_collect_source(FLAGS.workdir, FLAGS.results)
     write_results(FLAGS.workdir, FLAGS.results)
     if FLAGS.page:
       page_lib.write_page(FLAGS.results, FLAGS.page, FLAGS.figure, FLAGS.block)
@@ -313,6 +359,7 @@ def main(argv):
     raise cli.ConfigError(str(e)) from None
   for _, overrides in plan:                       # every run's config, before any compute
     run_lib.check_config(grid_lib.apply_overrides(config, overrides))
+  check_outputs(results=FLAGS.results)            # rewritten after each run
   run_grid(config, FLAGS.grid, FLAGS.workdir, FLAGS.results)
 
 

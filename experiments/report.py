@@ -44,7 +44,8 @@ variant, seed), or seeds of one variant trained with different settings, are
 refused rather than averaged.
 
 What cannot be right ends in one line naming the file or flag, before anything is
-written (``check_paths``, ``check_inputs``, ``loading``): a folder flag that names a file,
+written (``check_paths``, ``check_files``, ``check_inputs``, ``loading``): a folder flag
+that names a file, a file it would write (a summary, a figure, a per-run file) that is a folder,
 a ``results.json`` without its ``test`` section or one of its metrics, a damaged
 ``history.jsonl``, a predictions file with a probability that is not finite or not in
 [0, 1], a label other than 0/1, a row count other than the test split's
@@ -67,6 +68,7 @@ from experiments.analysis import pages
 from experiments.analysis import run_files
 from experiments.analysis import tables
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import progress as progress_lib
 from experiments.common import provenance
 
@@ -112,6 +114,7 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
   references = {d: os.path.join(tfidf_dir, loading.reference_predictions_file(
       d, tables.dataset_rule(finished, d))) for d in order}
   check_inputs(runs_dir, finished, references if draw else {})
+  check_files(docs_path, figures_dir if draw else None, order, records, runs_out)
   meta = meta or provenance.run_metadata('experiments.report')   # after the checks: it starts jax
   progress.total = len(datasets)
   summaries, figures = {}, {}
@@ -156,7 +159,8 @@ def write_report(runs_dir: str, out_dir: str, docs_path: str, *,
 def check_paths(out_dir: str, docs_path: str, figures_dir: Optional[str] = None,
                 tfidf_dir: Optional[str] = None, runs_out: Optional[str] = None) -> None:
   """One ``cli.ConfigError`` naming the flag when a folder it names is a file (or lies
-  under one), or when ``--docs`` is a folder; None skips a check."""
+  under one), or when ``--docs`` or a summary ``<out>/<dataset>.json`` is a folder; None
+  skips a check."""
   if os.path.isdir(docs_path):
     raise cli.ConfigError(f'--docs: {docs_path!r} is a folder, not a markdown file.')
   for flag, path in (('--out', out_dir), ('--docs', os.path.dirname(docs_path) or None),
@@ -164,6 +168,24 @@ def check_paths(out_dir: str, docs_path: str, figures_dir: Optional[str] = None,
                      ('--runs_out', runs_out)):
     if path is not None:
       loading.check_folder(flag, path)
+  for d in loading.SPLIT_NAMES:                 # the summaries, read and written
+    outputs.check_file('--out', os.path.join(out_dir, f'{d}.json'), folder_must_exist=False)
+
+
+def check_files(docs_path: str, figures_dir: Optional[str], datasets, records=(),
+                runs_out: Optional[str] = None) -> None:
+  """Every file the report will write, before it writes any (``check_paths`` has checked the
+  folders and the summaries): the figures of ``datasets`` (``figures_dir`` None: no
+  figures) and the per-run files of ``records`` under ``runs_out``. One ``cli.ConfigError``
+  naming the flag when one is a folder or lies under a file."""
+  for d in datasets:
+    if figures_dir is not None:
+      for name in pages.figure_names(docs_path, d).values():
+        outputs.check_file('--figures', os.path.join(figures_dir, name),
+                           folder_must_exist=False)
+  for r in records:
+    outputs.check_file('--runs_out', run_files.run_file(runs_out, r['dataset'], r['variant'],
+                                                        r['seed']), folder_must_exist=False)
 
 
 def check_inputs(runs_dir: str, finished, references: dict) -> None:
@@ -212,6 +234,9 @@ def redraw_from_summaries(out_dir: str, docs_path: str, *, figures_dir: Optional
   if not summaries:
     raise cli.ConfigError(f'--out: {out_dir!r} holds no summary (<dataset>.json for a dataset '
                           f'of {sorted(loading.SPLIT_NAMES)}) to redraw from.')
+  for d in summaries:                                # the figures it redraws
+    for name in pages.figure_names(docs_path, d).values():
+      outputs.check_file('--figures', os.path.join(figures_dir, name), folder_must_exist=False)
   made = {(s['command'], s['commit'], s['date']) for s in summaries.values()}
   if len(made) > 1:
     raise cli.ConfigError(f'--out: the summaries in {out_dir!r} come from {len(made)} '

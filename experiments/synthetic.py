@@ -50,6 +50,7 @@ from coulomb_jax import repulsion
 from coulomb_jax import synthetic
 from experiments.analysis import loading
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import progress as progress_lib
 from experiments.common import provenance
 from experiments.study import methods
@@ -135,9 +136,10 @@ def _fingerprint(config):
 def run_study(config, workdir, variant=None):
   """Runs (or resumes) the study; returns the results dict written to results.json.
 
-  A bad config value, a workdir that is a file (or under one), or a workdir holding
-  records of another config, raises ``cli.ConfigError`` before anything is computed or
-  written. ``variant``: the name of the config's variant, for the first line
+  A bad config value, a workdir that is a file (or under one), a file the study writes
+  there (``tables.OUTPUTS``, records, config, histories) that is a folder, or a workdir
+  holding records of another config, raises ``cli.ConfigError`` before anything is
+  computed or written. ``variant``: the name of the config's variant, for the first line
   (``describe_variant``).
   """
   try:
@@ -145,13 +147,14 @@ def run_study(config, workdir, variant=None):
   except ValueError as e:
     raise cli.ConfigError(str(e)) from None
   loading.check_folder('--workdir', workdir)
+  outputs.check_files_in('--workdir', workdir, ('config.json', 'histories.json',
+                                                record_file.FILENAME) + tables.OUTPUTS)
   meta = tables.run_metadata()
   config_path = os.path.join(workdir, 'config.json')
   if os.path.exists(config_path):
-    with open(config_path) as f:
-      if json.load(f) != json.loads(json.dumps(_fingerprint(config))):
-        raise cli.ConfigError(f'workdir {workdir!r} holds records of a different config '
-                              f'(see {config_path}); use a new --workdir.')
+    if loading.read_json(config_path) != json.loads(json.dumps(_fingerprint(config))):
+      raise cli.ConfigError(f'workdir {workdir!r} holds records of a different config '
+                            f'(see {config_path}); use a new --workdir.')
   os.makedirs(workdir, exist_ok=True)
   if not os.path.exists(config_path):
     provenance.write_json_atomic(config_path, _fingerprint(config), indent=1)

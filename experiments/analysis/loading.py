@@ -27,6 +27,7 @@ import zipfile
 import numpy as np
 
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.run import run_identity
 
 SPLIT_NAMES = {
@@ -142,18 +143,8 @@ def check_history(path: str) -> None:
 def check_folder(argument: str, path: str, must_exist: bool = False) -> None:
   """One ``cli.ConfigError`` naming ``argument`` when ``path`` is a file, when a parent of
   it that exists is a file (the folder cannot be made), or (``must_exist``) when it is not
-  there."""
-  if os.path.isdir(path):
-    return
-  if os.path.exists(path):
-    raise cli.ConfigError(f'{argument}: {path!r} is a file, not a folder.')
-  if must_exist:
-    raise cli.ConfigError(f'{argument}: {path!r} does not exist (expected a folder).')
-  parent = os.path.dirname(os.path.abspath(path))
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    raise cli.ConfigError(f'{argument}: {path!r} cannot be a folder: {parent!r} is a file.')
+  there (``experiments.common.outputs.check_folder``)."""
+  outputs.check_folder(argument, path, must_exist)
 
 
 def check_config(run_dir: str, results: dict) -> None:

@@ -65,9 +65,13 @@ def save(fig, path):
   """Writes ``fig`` to the PNG ``path`` (atomically, its folder made) and closes it; returns
   ``path``."""
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  fig.savefig(path + '.tmp.png', dpi=90)
-  os.replace(path + '.tmp.png', path)
-  pyplot().close(fig)
+  try:
+    fig.savefig(path + '.tmp.png', dpi=90)
+    os.replace(path + '.tmp.png', path)
+  finally:                               # a failed write leaves no .tmp.png behind
+    if os.path.lexists(path + '.tmp.png'):
+      os.remove(path + '.tmp.png')
+    pyplot().close(fig)
   return path
 
 

@@ -26,6 +26,7 @@ from absl import logging
 
 from coulomb_jax import data
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import provenance
 from experiments.run import checkpoints
 from experiments.run import run_identity
@@ -42,6 +43,10 @@ HISTORY = 'history.jsonl'
 PREFIX_RECORD = checkpoints.PREFIX + '.json'
 RESULTS = run_identity.RESULTS
 STAGES = run_identity.STAGES
+# What a run writes in its folder (``check_paths``): files, then folders.
+FILES = (LOCK, CONFIG, FINGERPRINT, TOKENIZER, SESSIONS, HISTORY, PREFIX_RECORD, STAGES,
+         'predictions_validation.npz', 'predictions_test.npz', RESULTS)
+FOLDERS = (checkpoints.CHECKPOINTS, checkpoints.UNREADABLE, checkpoints.PREFIX, 'tensorboard')
 
 
 # The JSON readers and the config's identity live in run_identity; their names stay here.
@@ -210,8 +215,10 @@ class RunFolder:
     compares the data itself), its ``results.json`` and ``phase_a_stages.json`` of this
     config's digest (``run_identity``), its files readable, and its ``fingerprint.json``
     must match the files now on disk. ``run.prefix_from``: that run's config and data.
-    Raises ``cli.ConfigError`` (a ValueError) naming the field or file.
+    Raises ``cli.ConfigError`` (a ValueError) naming the field or file. First of all
+    ``check_paths``: the folder and what the run writes in it can be written.
     """
+    self.check_paths()
     train_config.check_config(config, jax.device_count())
     workdir, config_path = self.path, self.file(CONFIG)
     if os.path.exists(config_path):
@@ -249,6 +256,15 @@ class RunFolder:
     if config.run.prefix_from:
       run_identity.check_prefix_source(config, current)
     return expected
+
+  def check_paths(self) -> None:
+    """One ``cli.ConfigError`` naming ``--workdir`` when the run folder is a file or lies
+    under one, or when a file the run writes in it (``FILES``) is a folder or a folder it
+    writes (``FOLDERS``) a file: refused before anything is read, computed or written."""
+    outputs.check_folder('--workdir', self.path)
+    outputs.check_files_in('--workdir', self.path, FILES)
+    for name in FOLDERS:
+      outputs.check_folder('--workdir', self.file(name))
 
   def finished(self, config: ml_collections.ConfigDict) -> Optional[dict]:
     """``results.json`` if this folder holds the finished run of ``config``, else None.

@@ -24,6 +24,11 @@ BASELINES = ('logreg', 'rbf_svm', 'mkl')
 
 SELECTED = 'coulomb λ*'
 """The label of the learned particles with λ chosen on validation per data set."""
+# Every figure ``figures`` may draw, and with them every file ``write_report`` writes in
+# the workdir (checked before the study or its report writes any: ``OUTPUTS``).
+FIGURES = ('fig_accuracy_vs_noise.png', 'fig_accuracy_vs_budget.png', 'fig_lambda_ablation.png',
+           'fig_energy_vs_step.png')
+OUTPUTS = ('results.json', 'results.md') + FIGURES
 
 
 def label(r):
@@ -336,15 +341,22 @@ def smoke_label(config):
 
 
 def _save(fig, workdir, name, config):
+  """``fig`` to ``<workdir>/<name>``, atomically (a ``.tmp.png`` moved into place; removed
+  if the move fails); closes it."""
   banner = smoke_label(config)
   if banner:
     title = fig.get_suptitle()
     fig.suptitle(f'{banner}\n{title}' if title else banner, color='firebrick', fontsize=9)
   fig.tight_layout()
   path = os.path.join(workdir, name)
-  fig.savefig(path, dpi=90)
   import matplotlib.pyplot as plt                    # pylint: disable=g-import-not-at-top
-  plt.close(fig)
+  try:
+    fig.savefig(path + '.tmp.png', dpi=90)
+    os.replace(path + '.tmp.png', path)
+  finally:
+    if os.path.lexists(path + '.tmp.png'):
+      os.remove(path + '.tmp.png')
+    plt.close(fig)
   return path
 
 
