@@ -148,6 +148,11 @@ class CausalLM(nn.Module):
     length = tokens.shape[1]
     if positions is not None:
       _checks.check_ids('positions', positions, length)
+    models.check_param_shapes(
+        self, {('embed', 'embedding'): (self.vocab_size, self.width),
+               ('pos_embed',): (self.max_len, self.width),
+               ('head', 'kernel'): (self.width, self.vocab_size)},
+        f'vocab_size={self.vocab_size}, max_len={self.max_len}, width={self.width}')
     bad = (tokens < 0) | (tokens >= self.vocab_size)                    # [B, L]; jit only
     x = nn.Embed(self.vocab_size, self.width, name='embed')(jnp.where(bad, 0, tokens))
     pos = self.param('pos_embed', nn.initializers.normal(0.02), (self.max_len, self.width))

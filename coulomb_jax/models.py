@@ -57,6 +57,27 @@ def check_mask(mask: Optional[jax.Array], shape, name: str = 'mask') -> None:
                      f'token), got {tuple(jnp.shape(mask))}.')
 
 
+def check_param_shapes(module: nn.Module, expected: dict, fields: str) -> None:
+  """Params made for another model (another vocabulary, width or length): one
+  ``ValueError`` naming the parameter, its shape, the shape this model expects and the
+  fields that set it, where flax would raise its ``ScopeParamShapeError``.
+
+  ``expected``: ``{(name, ..., leaf): shape}`` under ``params``; ``fields``: the module's
+  fields that set those shapes, as text. A parameter not there yet (``init``) is skipped.
+  """
+  for path, shape in expected.items():
+    value = module.variables.get('params', {}) if module.scope is not None else {}
+    for name in path:
+      value = value.get(name) if hasattr(value, 'get') else None
+    if value is None:
+      continue
+    got = tuple(jnp.shape(value))
+    if got != tuple(shape):
+      raise ValueError(f"params: {'/'.join(path)} has shape {got}, but this model "
+                       f'({fields}) expects {tuple(shape)}: params of another model; build '
+                       'the model with the fields the params were made with.')
+
+
 def masked_mean(x: jax.Array, mask: Optional[jax.Array], axis: int = 1) -> jax.Array:
   """Mean of ``x: [B, L, ...]`` over real tokens (``mask: [B, L]``); 0 for empty rows.
 
@@ -387,6 +408,10 @@ class EncoderClassifier(nn.Module):
     length = ids.shape[1]
     if length > self.max_length:
       raise ValueError(f'ids: length {length} exceeds max_length={self.max_length}.')
+    check_param_shapes(self, {('tokens', 'embedding'): (self.vocab_size, self.width),
+                              ('positions',): (self.max_length, self.width)},
+                       f'vocab_size={self.vocab_size}, max_length={self.max_length}, '
+                       f'width={self.width}')
     if mask is not None:           # padded slots may hold anything: they embed as id 0
       ids, segments = jnp.where(mask, ids, 0), jnp.where(mask, segments, 0)
     embed_init = nn.initializers.normal(stddev=0.02)

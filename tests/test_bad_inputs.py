@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from coulomb_jax import alignment
 from coulomb_jax import attention
@@ -24,6 +25,7 @@ from coulomb_jax import data
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
+from coulomb_jax import lm
 from coulomb_jax import models
 from coulomb_jax import pallas_attention
 from coulomb_jax import parallel
@@ -88,6 +90,31 @@ def _encoder(ids=IDS, segments=IDS, mask=None, **kw):
 def _kernel_attention(x=jnp.ones((2, 5, 4)), mask=None, **kw):
   return models.KernelAttention(**dict(dict(num_heads=2, num_features=4), **kw)).init(
       KEY, x, mask)
+
+
+def _other_vocab_encoder():
+  """Params of a vocab-10 encoder given to a vocab-20 one (was flax's ScopeParamShapeError)."""
+  mask = jnp.ones(IDS.shape, bool)
+  make = lambda v: models.EncoderClassifier(vocab_size=v, max_length=32, width=8, num_heads=2,
+                                            ffn_dim=8, num_features=4)
+  return make(20).apply(make(10).init(KEY, IDS, IDS, mask), IDS, IDS, mask)
+
+
+def _lm(**kw):
+  return lm.CausalLM(**dict(dict(vocab_size=10, max_len=8, width=8, num_layers=1, num_heads=2,
+                                 num_features=4, attention='kernel', feature_map='elu'), **kw))
+
+
+def _other_vocab_lm():
+  return jax.jit(_lm(vocab_size=20).apply)(_lm().init(KEY, IDS), IDS)
+
+
+class _ParticlesOf(nn.Module):
+  num_features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return models.particles_param(self, 2, self.num_features, 4)
 
 
 def _mr(tmp, num_pos):
@@ -286,6 +313,17 @@ CASES = [
     ('kernel attention unknown map', lambda t: _kernel_attention(feature_map='relu'),
      ValueError, rf"^feature_map must be one of {ATTENTION_MAPS[:-2]}, 'taylor'\), "
                  r"got 'relu'\.$"),
+    ('encoder params of another vocabulary', lambda t: _other_vocab_encoder(),
+     ValueError, r'^params: tokens/embedding has shape \(10, 8\), but this model '
+                 r'\(vocab_size=20, max_length=32, width=8\) expects \(20, 8\): params of '
+                 r'another model; build the model with the fields the params were made with\.$'),
+    ('lm params of another vocabulary (jit)', lambda t: _other_vocab_lm(),
+     ValueError, r'^params: embed/embedding has shape \(10, 8\), but this model '
+                 r'\(vocab_size=20, max_len=8, width=8\) expects \(20, 8\)'),
+    ('lm num_features 0', lambda t: _lm(num_features=0).init(KEY, IDS),
+     ValueError, r'^num_features must be an integer >= 1, got 0\.$'),
+    ('particles_param num_features 0', lambda t: _ParticlesOf(0).init(KEY, jnp.ones(3)),
+     ValueError, r'^num_features must be an integer >= 1, got 0\.$'),
     ('kernel attention qk_mode', lambda t: _kernel_attention(qk_mode='both'),
      ValueError, r"^qk_mode must be one of \('shared', 'projected'\), got 'both'\.$"),
     ('kernel attention width', lambda t: _kernel_attention(x=jnp.ones((2, 5, 5))),
