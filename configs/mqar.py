@@ -19,6 +19,8 @@ through 800 steps. V = 272 is the smallest vocabulary > 256 (the longest L) near
 
 import ml_collections
 
+from configs import common
+
 # The recall methods (experiments/recall/methods.py METHODS; a config imports no
 # experiment code, so run.check_config validates the name).
 VARIANT_PARTS = ('quick', 'zoology')
@@ -32,7 +34,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   schedule, early stop at 0.99 validation accuracy, the particles' λ and β set relative
   to the measured forces).
   """
-  parts = [p for p in variant.split(',') if p]
+  parts = common.variant_parts(variant)
   config = ml_collections.ConfigDict()
   # PRNG seed of the run: model init fold_in 0, training batches fold_in 1, evaluation
   # batch fold_in 2, Langevin noise fold_in 3.
@@ -100,24 +102,14 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.particles = ml_collections.ConfigDict()
   # particles_softmax only: projected Langevin on the softmax-mimicry Hamiltonian of each
   # layer's own queries and keys (coulomb_jax.lm.MimicrySettings), interleaved with AdamW.
-  # Step size η (the drift is −η·N·∇H).
-  config.particles.step_size = 1e-4
-  # Inverse temperature β (noise √(2η/β)).
-  config.particles.beta = 1e5
-  # Ball radius R of every particle (the initial N(0, I) rows have norm ≈ √D_h).
-  config.particles.radius = 8.0
-  # Global-norm clip of the force before the step.
-  config.particles.clip_norm = 10.0
-  # Repulsion weight λ and Riesz exponent ('coulomb': s = D_h − 2) with its softening.
-  # relative_lam > 0 replaces lam: λ set at step 0 so that the median particle's repulsion
-  # force is relative_lam × its median target force (langevin_diagnostics.relative_lam).
-  config.particles.lam = 1e-3
-  config.particles.relative_lam = 0.0
+  # The Langevin step and the repulsion (fields and comments in configs/common.py); the
+  # initial N(0, I) rows have norm ≈ √D_h, inside the radius.
+  common.add_langevin(config.particles, step_size=1e-4, beta=1e5, clip_norm=10.0, radius=8.0)
+  common.add_repulsion(config.particles, lam=1e-3, riesz_s='coulomb', softening=0.5,
+                       relative_lam=0.0)
   # drift_to_noise > 0 replaces beta: β set at step 0 so that the median particle's drift
   # η·N·‖clip(∇H)‖ is drift_to_noise × the RMS noise norm √(2η/β)·√D_h.
   config.particles.drift_to_noise = 0.0
-  config.particles.riesz_s = 'coulomb'
-  config.particles.softening = 0.5
   # Data term: 'cross_entropy' (Hedgehog's loss), 'kl' or 'alignment'.
   config.particles.target = 'cross_entropy'
   # Sequences of the batch the force is computed on.

@@ -3,6 +3,7 @@
 import importlib
 import os
 
+import ml_collections
 import pytest
 
 from configs import text
@@ -113,3 +114,33 @@ def test_phase_a_target_is_labels_by_default_and_softmax_passes_the_checks(varia
   with pytest.raises(ValueError, match=r"config\.phase_a\.target: expected one of \('labels', "
                                        r"'softmax'\), got 'hedgehog'"):
     train_config.check_config(c)
+
+
+def test_shared_langevin_and_repulsion_fields_come_from_configs_common():
+  # One builder per shared block (issue 37 item 1): the three launch configs carry the same
+  # field names, set by configs/common.py, with their own values.
+  from configs import common, mqar, synthetic  # pylint: disable=g-import-not-at-top
+  langevin = ('step_size', 'beta', 'clip_norm')
+  repel = ('lam', 'riesz_s', 'softening', 'relative_lam')
+  phase_a = text.get_text_config('sst2').phase_a
+  particles = mqar.get_config('').particles
+  for section in (phase_a, particles):
+    assert set(langevin + ('radius',) + repel) <= set(section.keys())
+  assert set(langevin) <= set(synthetic.get_config('').langevin.keys())
+  assert (phase_a.step_size, phase_a.beta, phase_a.clip_norm, phase_a.radius) == (
+      2e-3, 50.0, 10.0, 1.5)
+  assert (particles.step_size, particles.beta, particles.radius) == (1e-4, 1e5, 8.0)
+  assert synthetic.get_config('').langevin.clip_norm is None
+  built = common.add_repulsion(common.add_langevin(
+      ml_collections.ConfigDict(), step_size=0.1, beta=2.0, clip_norm=None),
+      lam=0.3, riesz_s=0.0, softening=0.1)
+  assert built.to_dict() == {'step_size': 0.1, 'beta': 2.0, 'clip_norm': None, 'lam': 0.3,
+                             'riesz_s': 0.0, 'softening': 0.1}
+
+
+def test_one_parser_for_variant_strings():
+  from configs import common  # pylint: disable=g-import-not-at-top
+  assert common.variant_parts('kernel-favor,,quick') == ['kernel-favor', 'quick']
+  assert common.variant_parts('') == []
+  with pytest.raises(TypeError, match='variant must be a string'):
+    common.variant_parts(None)
