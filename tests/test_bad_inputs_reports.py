@@ -1,4 +1,5 @@
-"""Bad inputs to the report commands and the synthetic study (issue 39, items 5 and 7).
+"""Bad inputs to the report commands, the synthetic study and the recall command's collection
+(issue 39, items 5, 7 and 8).
 
 Each test damages one thing a command reads, runs the command as a user does
 (``python -m experiments.<command>``) and asserts its standard error is exactly one
@@ -13,6 +14,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from studies.phase_a_learning import command as phase_a_learning
 from experiments import report
@@ -238,3 +240,67 @@ def test_a_synthetic_workdir_under_a_file_is_refused(tmp_path):
                 f'--workdir={tmp_path / "a_file" / "quick"}') == (
       f"--workdir: '{tmp_path / 'a_file' / 'quick'}' cannot be a folder: "
       f"'{tmp_path / 'a_file'}' is a file.")
+
+
+# ----------------------------------------------------------------------------- experiments.mqar
+
+def test_mqar_collect_only_without_workdir_or_results_names_the_workdir(tmp_path):
+  # Was '--results: ...: no finished run to write.', naming neither the missing folder nor
+  # the flag to fix.
+  work, results = tmp_path / 'nowhere', tmp_path / 'r.json'
+  assert _fails(tmp_path, 'experiments.mqar', '--collect_only', f'--workdir={work}',
+                f'--results={results}') == (
+      f'--workdir: {work} does not exist, and --results {results} does not exist either: no '
+      'finished run to collect; nothing was written.')
+
+
+def test_mqar_results_holding_a_json_list_is_refused(tmp_path):
+  # Was a bare AttributeError ('list' object has no attribute 'get').
+  (tmp_path / 'work').mkdir()
+  results = tmp_path / 'r.json'
+  results.write_text('[1, 2]')
+  assert _fails(tmp_path, 'experiments.mqar', '--collect_only', f'--workdir={tmp_path / "work"}',
+                f'--results={results}') == (
+      f'--results: {results}: not a results file of experiments.mqar (an object with vocab, '
+      'num_train and a list of runs), but a JSON list; nothing was written.')
+  assert _fails(tmp_path, 'experiments.mqar', '--config=configs/mqar.py:zoology',
+                '--grid=zoology', '--collect_only', f'--workdir={tmp_path / "work"}',
+                f'--results={results}', f'--runs_dir={tmp_path / "runs"}') == (
+      f"--results: {results}: not a results file of this grid (TypeError('a JSON list, not "
+      "an object')); nothing was written.")
+
+
+# ----------------------------------------------------------------------------- the studies (not fixed here)
+# Both live in studies/, which another change owns; the fix each needs is described in the
+# test. Until then they fail as the review found (xfail with that exception); once fixed
+# they pass (and show as XPASS) and the marker can go.
+
+@pytest.mark.xfail(raises=TypeError, strict=False, reason=(
+    'studies/phase_a_repulsion/command.py stage_row does int(stage["layer"]) on a joint '
+    "stage (layer None): collect_runs should refuse a run whose phase_a.schedule is 'joint' "
+    '(or a stage without a layer) in one ValueError naming the run'))
+def test_a_joint_schedule_run_given_to_the_repulsion_study_is_refused(tmp_path):
+  from studies.phase_a_repulsion import command as repulsion  # pylint: disable=g-import-not-at-top
+  import test_phase_a_repulsion as rep_test  # pylint: disable=g-import-not-at-top
+  root = str(tmp_path)
+  for seed in (0, 1):
+    rep_test._write(root, ['base'], 'ball-elu', seed, 0.7)
+  stage = dict(rep_test._stage(0, 0.5, 40.0, 1.0, 0.1, 0.3), layer=None)   # all layers at once
+  rep_test._write(root, ['lam10'], 'kernel-elu', 0, 0.72, lam=10.0, stages=[stage],
+                  schedule='joint')
+  with pytest.raises(ValueError, match=r'lam10/rotten_tomatoes/kernel-elu/seed0.*joint'):
+    repulsion.collect_runs(root, 'rotten_tomatoes')
+
+
+@pytest.mark.xfail(raises=json.JSONDecodeError, strict=False, reason=(
+    'studies/mqar_convert/command.py teachers() (and convert.read_teacher, collect) read '
+    'result.json with json.load: they should read it with loading.read_json, which names '
+    'the file in one cli.ConfigError'))
+def test_a_teachers_corrupt_result_json_is_refused_naming_the_file(tmp_path):
+  from experiments.common import cli  # pylint: disable=g-import-not-at-top
+  from studies.mqar_convert import command as mqar_convert  # pylint: disable=g-import-not-at-top
+  path = tmp_path / 'softmax-L16-P2-w16-seed0' / 'result.json'
+  path.parent.mkdir()
+  path.write_text('{"seq_len": 1')
+  with pytest.raises(cli.ConfigError, match=f'{path}: not valid JSON'):
+    mqar_convert.teachers(str(tmp_path))
