@@ -270,15 +270,10 @@ def test_mqar_results_holding_a_json_list_is_refused(tmp_path):
       "an object')); nothing was written.")
 
 
-# ----------------------------------------------------------------------------- the studies (not fixed here)
-# Both live in studies/, which another change owns; the fix each needs is described in the
-# test. Until then they fail as the review found (xfail with that exception); once fixed
-# they pass (and show as XPASS) and the marker can go.
+# ----------------------------------------------------------------------------- the studies
+# The review's two study cases: a bare TypeError in stage_row, a bare JSONDecodeError that
+# named no file. Both are now one line.
 
-@pytest.mark.xfail(raises=TypeError, strict=False, reason=(
-    'studies/phase_a_repulsion/command.py stage_row does int(stage["layer"]) on a joint '
-    "stage (layer None): collect_runs should refuse a run whose phase_a.schedule is 'joint' "
-    '(or a stage without a layer) in one ValueError naming the run'))
 def test_a_joint_schedule_run_given_to_the_repulsion_study_is_refused(tmp_path):
   from studies.phase_a_repulsion import command as repulsion  # pylint: disable=g-import-not-at-top
   import test_phase_a_repulsion as rep_test  # pylint: disable=g-import-not-at-top
@@ -292,10 +287,6 @@ def test_a_joint_schedule_run_given_to_the_repulsion_study_is_refused(tmp_path):
     repulsion.collect_runs(root, 'rotten_tomatoes')
 
 
-@pytest.mark.xfail(raises=json.JSONDecodeError, strict=False, reason=(
-    'studies/mqar_convert/command.py teachers() (and convert.read_teacher, collect) read '
-    'result.json with json.load: they should read it with loading.read_json, which names '
-    'the file in one cli.ConfigError'))
 def test_a_teachers_corrupt_result_json_is_refused_naming_the_file(tmp_path):
   from experiments.common import cli  # pylint: disable=g-import-not-at-top
   from studies.mqar_convert import command as mqar_convert  # pylint: disable=g-import-not-at-top

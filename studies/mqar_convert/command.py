@@ -53,8 +53,7 @@ def teachers(root: str):
     raise cli.ConfigError(f'--teachers: {root!r} is not a folder.')
   found = []
   for path in sorted(glob.glob(os.path.join(root, 'softmax-*', run_lib.RESULT_FILE))):
-    with open(path) as f:
-      row = json.load(f)
+    row = loading.read_json(path)
     found.append((row['seq_len'], os.path.dirname(path)))
   if not found:
     raise cli.ConfigError(f'--teachers: no finished softmax-* run under {root!r}.')
@@ -65,12 +64,10 @@ def collect(root: str, results: str) -> list:
   """Every finished conversion under ``root``; refuses to replace ``results`` by fewer."""
   rows = []
   for path in sorted(glob.glob(os.path.join(root, '*', convert.RESULT_FILE))):
-    with open(path) as f:
-      rows.append(json.load(f))
+    rows.append(loading.read_json(path))
   rows = grid_lib.sort_rows(rows)
   if os.path.exists(results):
-    with open(results) as f:
-      old = json.load(f).get('runs', [])
+    old = loading.read_json(results).get('runs', [])
     if len(old) > len(rows):
       raise cli.ConfigError(f'--results: {results} holds {len(old)} conversions, '
                             f'{root} only {len(rows)}; refusing to replace them by fewer.')

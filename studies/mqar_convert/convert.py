@@ -53,6 +53,7 @@ from coulomb_jax import conversion
 from coulomb_jax import lm
 from coulomb_jax import mqar
 from coulomb_jax import training
+from experiments.analysis import loading
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.recall import grid as grid_lib
@@ -88,8 +89,7 @@ def read_teacher(teacher_dir: str):
   if int(blob['step']) != config.train.steps:
     raise cli.ConfigError(f'--teacher: {teacher_dir} stopped at step {blob["step"]} of '
                           f'{config.train.steps}.')
-  with open(paths[2]) as f:
-    result = json.load(f)
+  result = loading.read_json(paths[2])
   return config, blob['state']['params'], result
 
 
@@ -161,8 +161,7 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
   config, teacher, teacher_result = read_teacher(teacher_dir)
   result_path = os.path.join(workdir, RESULT_FILE)
   if os.path.exists(result_path):
-    with open(result_path) as f:
-      return json.load(f)
+    return loading.read_json(result_path)
   metadata = metadata or provenance.run_metadata('studies.mqar_convert')
   config = grid_lib.apply_overrides(config, {'method': method,
                                              'particles.step_size': particle_step_size})

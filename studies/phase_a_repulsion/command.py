@@ -113,6 +113,12 @@ def collect_runs(runs_dir: str, dataset: str) -> List[tuple]:
             and r['config']['phase_a'].get('target', 'labels') == 'labels']
     if not mine:
       continue
+    for r in mine:
+      stages = (r.get('phase_a') or {}).get('stages') or []
+      if any(not isinstance(st.get('layer'), int) for st in stages):
+        raise ValueError(f'{r["path"]}: a phase_a.schedule={r["config"]["phase_a"].get("schedule")!r} '
+                         'run moves every layer at once (a stage without a layer); this study '
+                         "reads layer-by-layer stages ('after_b', 'layerwise', 'alternating').")
     _check_same(mine, REPULSION_FIELDS, f'one repulsion per setting folder {setting!r}')
     for r in mine:
       ball = balls.get(('ball-' + r['variant'].split('-', 1)[1], r['seed']))
