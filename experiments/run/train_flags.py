@@ -136,21 +136,74 @@ def config_file(holder) -> str:
   return name if os.path.isfile(name) else name.rsplit(':', 1)[0]
 
 
+_FIELD_LINE = re.compile(r'(?:config|c)\.[\w.]+\s*=')
+_SECTION_DEF = re.compile(r'def _(\w+)\(')
+_BUILDER_CALL = re.compile(r'common\.(add_\w+)\((config\.[\w.]+|c)\b')
+
+
+def _builder_comments(path: str) -> dict:
+  """``{'add_langevin': {'step_size': comment, ...}}`` of a ``configs/common.py``."""
+  out, builder, block = {}, None, []
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      text = line.strip()
+      match = re.match(r'def (add_\w+)\(', text)
+      if match:
+        builder, block = match.group(1), []
+        out[builder] = {}
+        continue
+      if text.startswith('#'):
+        block.append(text.lstrip('#').strip())
+        continue
+      match = re.match(r'section\.(\w+)\s*=', text)
+      if builder and match and block:
+        out[builder].setdefault(match.group(1), ' '.join(block))
+      block = []
+  return out
+
+
 def field_comments(*paths: str) -> dict:
   """``{'data.task': 'Task name from ...'}``: the comment above each field's first
-  assignment (``config.<field> = ...``) in these config files."""
+  assignment in these config files: ``config.<field> = ...``; ``c.<field> = ...`` inside
+  a section builder ``def _<section>()`` (configs/text.py); and the fields a
+  ``common.add_<block>(<section>, ...)`` call sets, with configs/common.py's comments."""
   comments = {}
+
+  def add(field, comment):
+    if comment and field not in comments:
+      comments[field] = comment
+
   for path in paths:
-    block = []
+    block, section, builders, note, after_call = [], '', None, '', False
     with open(path, encoding='utf-8') as f:
       for line in f:
         text = line.strip()
         if text.startswith('#'):
           block.append(text.lstrip('#').strip())
           continue
+        match = _SECTION_DEF.match(text)
+        if match:
+          section = match.group(1)
+        elif not line.startswith((' ', '\t')) and text:
+          section = ''
+        match = _BUILDER_CALL.search(text)
+        # The comment above a run of builder calls is the config's note on all their fields.
+        note = ' '.join(block) if block else (note if match and after_call else '')
+        after_call = bool(match) or (after_call and text.endswith(')') and not _FIELD_LINE.match(text))
+        if match:
+          target = match.group(2)
+          prefix = target[len('config.'):] if target.startswith('config.') else section
+          if builders is None:
+            common = os.path.join(os.path.dirname(os.path.abspath(path)), 'common.py')
+            builders = _builder_comments(common) if os.path.isfile(common) else {}
+          for field, comment in builders.get(match.group(1), {}).items():
+            add(f'{prefix}.{field}' if prefix else field, f'{comment} {note}'.strip())
         match = re.match(r'config\.([\w.]+)\s*=', text)
-        if match and block and match.group(1) not in comments:
-          comments[match.group(1)] = ' '.join(block)
+        if match and block:
+          add(match.group(1), ' '.join(block))
+        match = re.match(r'c\.([\w.]+)\s*=', text)
+        if match and block and section:
+          add(f'{section}.{match.group(1)}', ' '.join(block))
         block = []
   return comments
 
