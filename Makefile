@@ -1,13 +1,14 @@
 # Two entry points, each installing what it needs into .venv first (idempotent:
 # the install reruns only when setup.py changes).
 #   make run   - the main job: the synthetic study's quick variant
-#   make test  - the test suite
+#   make test  - the test suite (without the end-to-end tests marked slow)
+#   make test-slow - the end-to-end tests marked slow (.ci/run runs both)
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 WORKDIR ?= workdir/quick
 
-.PHONY: run test bench
+.PHONY: run test test-slow bench
 
 $(STAMP): setup.py
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -19,7 +20,10 @@ run: $(STAMP)
 	$(VENV)/bin/python -m experiments.synthetic --config=configs/synthetic.py:quick --workdir=$(WORKDIR)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses=4 tests
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses=4 -m 'not slow' tests
+
+test-slow: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses=4 -m slow tests
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks.hamiltonian --feature_map=rff --out=benchmarks/results

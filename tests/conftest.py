@@ -7,7 +7,7 @@ import tempfile
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Most of the suite's time is XLA compiling many small programs. Tests check values,
 # not speed, so they compile with LLVM's cheap pipeline (about 40% less time on
-# tests/test_models.py); benchmarks and experiments keep XLA's defaults.
+# tests/library/test_models.py); benchmarks and experiments keep XLA's defaults.
 # Subprocesses that set their own XLA_FLAGS add to TEST_XLA_FLAGS.
 TEST_XLA_FLAGS = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
 os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()

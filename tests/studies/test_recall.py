@@ -1,0 +1,231 @@
+"""The recall command's parts (experiments/recall) on configs/mqar.py:quick: run, resume, grid."""
+
+import json
+import os
+
+import pytest
+
+from configs import mqar as mqar_config
+from experiments import mqar as mqar_cmd
+from experiments.common import cli
+from experiments.recall import grid
+from experiments.recall import methods
+from experiments.recall import run
+
+
+def quick(method='softmax'):
+  return mqar_config.get_config(f'quick,{method}')
+
+
+@pytest.mark.parametrize('method', methods.METHODS)
+def test_every_method_builds_with_n_features(method):
+  import jax  # pylint: disable=g-import-not-at-top
+  from coulomb_jax import features  # pylint: disable=g-import-not-at-top
+  config = quick(method)
+  n = config.model.num_features
+  built = methods.build(config, jax.random.key_data(jax.random.key(0)))
+  if method == 'softmax':
+    assert built.model.attention == 'softmax'
+  else:
+    rows = built.model.num_features
+    assert rows == methods.rows_per_head(method, n)
+    f = features.num_features(methods.FEATURE_MAP[method], rows)
+    assert f <= n and (method == 'taylor' or f == n)          # equal state size
+    assert built.model.identity_init == (method in ('hedgehog', 'hedgehog_distilled'))
+  uses_force = method in ('particles_softmax', 'particles_flow', 'hedgehog_distilled')
+  assert (built.mimicry is not None) == uses_force
+
+
+def test_taylor_dim_and_state_sizes():
+  assert [methods.taylor_dim(n) for n in (3, 7, 57, 64, 72, 73)] == [1, 2, 7, 7, 7, 8]
+  # H·F·D_h per layer: N = 64 features, width 64, 2 heads (D_h = 32).
+  assert methods.state_size('elu', 64, 64, 2, 128) == 2 * 64 * 32
+  assert methods.state_size('hedgehog', 64, 64, 2, 128) == 2 * 64 * 32
+  assert methods.state_size('taylor', 64, 64, 2, 128) == 2 * 57 * 32
+  assert methods.state_size('softmax', 64, 64, 2, 128) == 2 * 128 * 64
+
+
+@pytest.mark.slow
+def test_a_run_writes_its_row_and_resumes_from_its_checkpoint(tmp_path):
+  workdir = str(tmp_path / 'run')
+  config = quick('particles_softmax')
+  row = run.train_and_evaluate(config, workdir, log=lambda *_: None)
+  for field in grid.BINDING:
+    assert field in row
+  assert row['method'] == 'particles_softmax' and row['num_features'] == 8
+  assert 0.0 <= row['accuracy'] <= 1.0 and row['num_train'] == 4 * 4
+  div = row['diversity']
+  assert set(div['initial']) == set(div['final']) == {'block_0'}
+  assert 1.0 <= div['final']['block_0']['effective_rank'] <= 8.0   # ≤ min(M, D_h) = 8
+  assert div['final'] == run.checkpoint_diversity(workdir)
+  # A finished run is not trained again; one killed after its last checkpoint resumes there.
+  logs = []
+  assert run.train_and_evaluate(config, workdir, log=logs.append) == row and not logs
+  os.remove(os.path.join(workdir, run.RESULT_FILE))
+  again = run.train_and_evaluate(config, workdir, log=logs.append)
+  assert any('resumed at step 4 of 4' in line for line in logs)
+  assert again['accuracy'] == row['accuracy'] and again['loss'] == pytest.approx(row['loss'])
+
+
+def test_a_workdir_of_another_config_is_refused(tmp_path):
+  workdir = str(tmp_path / 'run')
+  run.train_and_evaluate(quick(), workdir, log=lambda *_: None)
+  with pytest.raises(cli.ConfigError, match='another config'):
+    run.train_and_evaluate(quick('elu'), workdir)
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('method', 'lstm', 'config.method'),
+    ('model.num_features', 7, 'num_features must be even'),
+    ('data.num_pairs', 9, 'num_pairs'),
+    ('train.steps', 0, 'config.train.steps'),
+    ('particles.target', 'mse', 'config.particles.target'),
+    ('particles.beta', -1.0, 'config.particles.beta'),
+])
+def test_bad_config_fields_are_one_line_errors(field, value, match):
+  config = quick('hedgehog')
+  config = grid.apply_overrides(config, {field: value})
+  with pytest.raises(cli.ConfigError, match=match):
+    run.check_config(config)
+
+
+@pytest.mark.slow
+def test_the_grid_resumes_and_its_results_file_never_loses_a_run(tmp_path):
+  root, results = str(tmp_path / 'grid'), str(tmp_path / 'mqar.json')
+  log = lambda *_: None
+  base = quick()
+  assert mqar_cmd.run_grid(base, 'tiny', root, results, log) == 2
+  with open(results) as f:
+    table = json.load(f)
+  assert table['vocab'] == 32 and table['num_train'] == 16
+  assert [r['method'] for r in table['runs']] == ['softmax', 'elu']
+  assert mqar_cmd.run_grid(base, 'tiny', root, results, log) == 0
+  # A run the workdir lost (or a new checkout's empty workdir) stays in the results file.
+  os.remove(os.path.join(root, grid.run_name('elu', 16, 2, 16, 0), run.RESULT_FILE))
+  assert mqar_cmd.write_results(root, results, log) == 2
+  with open(results) as f:
+    assert json.load(f) == table
+  assert mqar_cmd.write_results(str(tmp_path / 'empty'), results, log) == 2
+
+
+def test_plan_is_cheapest_first_and_complete():
+  names = [name for name, _ in grid.plan('main')]
+  assert len(names) == len(set(names)) == 3 * 2 * 5 * 2
+  assert names[0] == 'softmax-L64-P4-w64-seed0' and names[4].startswith('particles_softmax-L64')
+  with pytest.raises(ValueError, match='--grid'):
+    grid.plan('huge')
+
+
+def test_a_grid_with_its_own_overrides_sets_them_on_every_run():
+  runs = grid.plan('long')
+  assert [name.split('-')[0] for name, _ in runs] == [
+      'particles_softmax', 'softmaxfeat_trained', 'elu', 'favor_orthogonal'] * 6
+  assert [name.split('-', 2)[1] + name[-1] for name, _ in runs[::4]] == [
+      'L640', 'L641', 'L1280', 'L1281', 'L2560', 'L2561']   # length-major: both seeds per length
+  for _, overrides in runs:
+    config = grid.apply_overrides(mqar_config.get_config(), overrides)
+    assert config.train.steps == 6000 and config.particles.step_size == 3e-3
+    assert (config.data.seq_len, config.data.num_pairs) in ((64, 4), (128, 8), (256, 16))
+    run.check_config(config)
+
+
+def test_the_page_keeps_its_text_and_redraws_its_table(tmp_path):
+  from experiments.recall import page  # pylint: disable=g-import-not-at-top
+  root, results = str(tmp_path / 'grid'), str(tmp_path / 'mqar.json')
+  mqar_cmd.run_grid(quick(), 'tiny', root, results, lambda *_: None)
+  doc, fig = str(tmp_path / 'recall.md'), str(tmp_path / 'figures' / 'recall.png')
+  with open(doc, 'w') as f:
+    f.write('# Recall\n\nThe answer in words.\n')
+  for _ in range(2):                                   # the second call replaces, not appends
+    page.write_page(results, doc, fig)
+  with open(doc) as f:
+    text = f.read()
+  assert text.startswith('# Recall\n\nThe answer in words.\n')
+  assert text.count(page.BEGIN) == 1 and text.count('| 16 | 2 | 16 | elu |') == 1
+  assert os.path.getsize(fig) > 1000
+  page.write_page(results, doc, fig, block='mqar_long')   # a second grid's own block
+  with open(doc) as f:
+    text = f.read()
+  begin, end = page.markers('mqar_long')
+  assert text.count(page.BEGIN) == text.count(begin) == text.count(end) == 1
+  assert text.count('| 16 | 2 | 16 | elu |') == 2
+  with pytest.raises(ValueError, match='--block'):
+    page.markers('a -->')
+
+
+@pytest.mark.slow
+def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from studies.mqar_convert import convert  # pylint: disable=g-import-not-at-top
+  teacher_dir = str(tmp_path / 'softmax-L16-P2-w16-seed0')
+  run.train_and_evaluate(quick(), teacher_dir, lambda *_: None)
+  config, teacher, _ = convert.read_teacher(teacher_dir)
+  student = methods.build(grid.apply_overrides(config, {'method': 'particles_softmax'}),
+                          jax.random.key_data(jax.random.key(0))).model
+  from coulomb_jax import lm  # pylint: disable=g-import-not-at-top
+  init = jax.device_get(lm.make_state(jax.random.key(0), student, 16).params)
+  params = convert.student_params(teacher, init)
+  np.testing.assert_array_equal(params['block_0']['attn']['query']['kernel'],
+                                teacher['block_0']['attn']['mha']['query']['kernel'])
+  np.testing.assert_array_equal(params['head']['kernel'], teacher['head']['kernel'])
+  np.testing.assert_array_equal(params['block_0']['attn']['particles'],
+                                init['block_0']['attn']['particles'])
+  rows = {m: convert.convert(teacher_dir, m, str(tmp_path / m), fit_steps=2, finetune_steps=2,
+                             log=lambda *_: None, metadata={'command': 'c', 'commit': 'x'})
+          for m in ('favor_orthogonal', 'particles_softmax')}
+  teacher_acc = json.load(open(os.path.join(teacher_dir, run.RESULT_FILE)))['accuracy']
+  for m, r in rows.items():
+    assert r['teacher_accuracy'] == pytest.approx(teacher_acc)    # the same evaluation batch
+    assert 0.0 <= r['zero_shot_accuracy'] <= 1.0 and 0.0 <= r['finetuned_accuracy'] <= 1.0
+    assert r['fit_steps'] == (2 if m == 'particles_softmax' else 0)
+  with pytest.raises(cli.ConfigError, match=r"^--teacher: .* is a 'elu' run"):
+    elu_dir = str(tmp_path / 'elu')
+    run.train_and_evaluate(quick('elu'), elu_dir, lambda *_: None)
+    convert.read_teacher(elu_dir)
+  with pytest.raises(cli.ConfigError, match=r"^--method must be one of"):
+    convert.convert(teacher_dir, 'softmax', str(tmp_path / 'x'), 1, 1)
+
+
+@pytest.mark.slow
+def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tmp_path):
+  tiny = dict(grid.ZOOLOGY, sweep_cells=((16, 2),), long_cell=(24, 3), width=16,
+              learning_rates=(1e-3, 1e-2), methods=('particles_flow', 'taylor'),
+              seeds=(0, 1), pilot_step_sizes=(1e-3, 1e-2), pilot_steps=2)
+  config = mqar_config.get_config('zoology,quick')
+  config.data.seq_len = 24
+  root, results, runs_dir = (str(tmp_path / n) for n in ('grid', 'z.json', 'runs'))
+  planned, waiting = grid.zoology_plan(root, tiny)
+  assert [n for n, _ in planned][:2] == ['pilot/particles_softmax-L16-P2-w16-eta1e-03',
+                                         'pilot/particles_softmax-L16-P2-w16-eta1e-02']
+  assert waiting > 0                      # the sweep of particles_flow waits on the pilots
+  made = mqar_cmd.run_zoology(config, root, results, runs_dir, log=lambda *_: None,
+                              poll_seconds=0.0, grid=tiny)
+  # 2 pilots, 2 methods × 2 rates, the long cell at seed 0 and 1, seed 1 of the sweep cell.
+  assert made == 2 + 4 + 2 + 2 + 2
+  with open(results) as f:
+    table = json.load(f)
+  assert set(table) == {'protocol', 'runs', 'best', 'pilots'}
+  assert table['protocol']['vocab'] == config.data.vocab_size
+  assert table['protocol']['where'] == 'cpu'
+  for r in table['runs']:
+    for field in grid.RUN_FIELDS:
+      assert field in r
+  assert len(table['runs']) == 10 and len(table['pilots']) == 2
+  assert len(os.listdir(runs_dir)) == 12
+  best = table['best']['16/2/16/particles_flow']
+  seed0 = [r for r in table['runs'] if r['method'] == 'particles_flow' and r['seq_len'] == 16
+           and r['seed'] == 0]
+  assert best['learning_rate'] == max(seed0, key=grid.selection_key)['learning_rate']
+  assert best['accuracy']['n'] == 2 and best['rates_tried'] == 2
+  chosen_eta = max(table['pilots'], key=grid.selection_key)['particle_step_size']
+  assert all(r['particle_step_size'] == chosen_eta for r in table['runs']
+             if r['method'] == 'particles_flow')
+  # A rerun makes nothing; an empty workdir keeps the committed rows.
+  assert mqar_cmd.run_zoology(config, root, results, runs_dir, log=lambda *_: None,
+                              poll_seconds=0.0, grid=tiny) == 0
+  assert mqar_cmd.write_zoology(config, str(tmp_path / 'empty'), results, runs_dir,
+                                log=lambda *_: None) == 10
+  # A new machine: the run folders are gone, the committed file restores them.
+  assert mqar_cmd.run_zoology(config, str(tmp_path / 'new'), results, runs_dir,
+                              log=lambda *_: None, poll_seconds=0.0, grid=tiny) == 0
