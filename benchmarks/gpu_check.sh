@@ -6,9 +6,9 @@
 # every result written under $OUT as it finishes:
 #
 #   1. tests (170 s): the Pallas kernels compiled for the first time and checked against
-#      XLA at precision='highest' (tests/test_pallas_attention.py: seven maps, both
+#      XLA at precision='highest' (tests/library/test_pallas_attention.py: seven maps, both
 #      kernels, logits up to ±60, bf16, padding, gradients), and the platform's choice of
-#      kernel on a real GPU host (tests/test_lowering.py), on the GPU backend; one line per
+#      kernel on a real GPU host (tests/library/test_lowering.py), on the GPU backend; one line per
 #      test in $OUT/pytest.txt as it finishes.
 #   2. attention (200 s): fwd and fwd+bwd, bf16, B=4 H=8 D=64 M=256, L = 64k, 256k,
 #      16k, 4k, 1k (that order: a cut loses the short lengths): the Pallas kernels, the
@@ -65,7 +65,7 @@ STEPS=${STEPS:-tests,attention,phase_a}
 if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
   BUDGET_S=${BUDGET_S:-900}
   TEST_PLATFORMS=cpu
-  TESTS=(tests/test_lowering.py -k "precision or refused")
+  TESTS=(tests/library/test_lowering.py -k "precision or refused")
   BENCH=(--lengths=64,32 --softmax_max_len=64 --batch=1 --heads=2 --head_dim=16
          --num_features=64 --chunk_size=16 --repeats=1)
   PA_ARGS=(--n=64 --num_features=64 --lengths=32 --repeats=1)
@@ -74,7 +74,7 @@ else
   BUDGET_S=${BUDGET_S:-470}
   # tests/conftest.py defaults to CPU: ask for the GPU (the 8-fake-device tests pin CPU).
   TEST_PLATFORMS=cuda,cpu
-  TESTS=(tests/test_pallas_attention.py tests/test_lowering.py)
+  TESTS=(tests/library/test_pallas_attention.py tests/library/test_lowering.py)
   BENCH=(--lengths=65536,262144,16384,4096,1024 --softmax_max_len=16384 --chunk_size=4096
          --repeats=3)
   PA_ARGS=(--repeats=3 --n=64,1024 --num_features=256)

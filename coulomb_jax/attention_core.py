@@ -121,7 +121,7 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
   log-space shifts (over all keys, or running maxima per chunk in
   ``pallas_causal_linear_attention``) need not suit an early query's prefix, whose
   terms can underflow. Measured against the float64 causal kernel ratio (12 tokens of
-  norm r, 2 heads, d = 8, 16 features; ``tests/test_attention.py``): max error
+  norm r, 2 heads, d = 8, 16 features; ``tests/library/test_attention.py``): max error
   ≤ 2e-6 for every map at r = 1 and for elu, softplus, sigmoid2, cos2 at r = 8 and,
   in that test's draw, 40; 0.6–1.4 for favor and porf_softplus at r = 8, and up to 2.4
   for favor, porf_softplus and softmaxfeat at r = 40. Even for elu, softplus and sigmoid2

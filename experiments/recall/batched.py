@@ -20,7 +20,7 @@ same config, step for step:
   and step count no longer change) and its ``steps_run`` is that step;
 * its validation and test batches and their scores are ``run.evaluate``'s.
 
-So the K = 1 program equals ``run.train_and_evaluate`` (tests/test_recall_batched.py
+So the K = 1 program equals ``run.train_and_evaluate`` (tests/tools/test_recall_batched.py
 checks the params and the scores). ``result.json`` of each run is written into
 ``<root>/<run name>/`` as ``run.py`` writes it, with ``runs_in_program`` = K and
 ``train_seconds`` = the program's training time (shared by its K runs).
