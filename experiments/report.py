@@ -282,7 +282,8 @@ if __name__ == '__main__':
 
   _RUNS_OUT = flags.DEFINE_string(
       'runs_out', None, 'Folder for the per-run files <dataset>/<variant>/seed<k>.json '
-      '(default results/runs/<basename of --runs>); files of runs not read are kept.')
+      '(default <--out>/runs/<basename of --runs>: results/runs/... for the default --out); '
+      'files of runs not read are kept.')
 
   def main(argv):
     if len(argv) > 1:
@@ -295,8 +296,8 @@ if __name__ == '__main__':
                              figures_dir=_FIGURES.value, keep_others=_KEEP_OTHERS.value,
                              train_subsets=_TRAIN_SUBSETS.value,
                              allow_fewer=_ALLOW_FEWER.value,
-                             runs_out=(_RUNS_OUT.value
-                                       or run_files.default_runs_out(_RUNS.value)))
+                             runs_out=(_RUNS_OUT.value or run_files.default_runs_out(
+                                 _RUNS.value, root=os.path.join(_OUT.value, 'runs'))))
     for d, s in summaries.items():
       print(f"{d}: {len(s['runs'])} runs, {len(s['variants'])} variants, "
             f"{len(s['unfinished'])} unfinished", flush=True)

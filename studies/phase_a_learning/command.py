@@ -21,7 +21,8 @@ the same Phase B epochs, and writes per dataset and map:
 * the settings (the Kernel-X runs' Phase A and schedule fields, and the pilot
   that chose them, ``results/phase_a_pilot_<dataset>.json``).
 
-``--runs_out`` (default ``results/runs/<grid>``, the basename of ``--runs``) gets one small
+``--runs_out`` (default ``<folder of --out>/runs/<grid>``, ``<grid>`` the basename of
+``--runs``: ``results/runs/<grid>`` for the default ``--out``) gets one small
 JSON per finished run (``experiments.analysis.run_files``); files of runs not read are kept.
 A run whose ``results.json`` names another config than its ``config.json`` is refused.
 ``--keep_others`` keeps the entries of ``--out`` for datasets with no runs under
@@ -419,7 +420,8 @@ def main(argv):
   write(fl.runs, fl.pilots, fl.out, fl.docs, fl.figures,
         provenance.run_metadata('studies.phase_a_learning'), keep_others=fl.keep_others,
         train_subsets=fl.train_subsets, allow_fewer=fl.allow_fewer,
-        runs_out=fl.runs_out or run_files.default_runs_out(fl.runs))
+        runs_out=fl.runs_out or run_files.default_runs_out(
+            fl.runs, root=os.path.join(os.path.dirname(fl.out) or '.', 'runs')))
 
 
 def launch() -> None:
@@ -436,8 +438,8 @@ def launch() -> None:
   flags.DEFINE_bool('train_subsets', False, 'Accept runs trained on a fixed subset of the '
                     'training rows (data.max_train_examples); the settings record it.')
   flags.DEFINE_string('runs_out', None, 'Folder for the per-run files <dataset>/<variant>/'
-                      'seed<k>.json (default results/runs/<basename of --runs>); files of '
-                      'runs not read are kept.')
+                      'seed<k>.json (default <folder of --out>/runs/<basename of --runs>: '
+                      'results/runs/... for the default --out); files of runs not read are kept.')
   flags.DEFINE_bool('allow_fewer', False, 'Write even when the runs found hold fewer '
                     'datasets, variants or seeds than --out (or none): refused by default.')
   cli.run(main, config_flags=())

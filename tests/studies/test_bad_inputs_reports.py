@@ -295,3 +295,18 @@ def test_a_teachers_corrupt_result_json_is_refused_naming_the_file(tmp_path):
   path.write_text('{"seq_len": 1')
   with pytest.raises(cli.ConfigError, match=f'{path}: not valid JSON'):
     mqar_convert.teachers(str(tmp_path))
+
+
+def test_per_run_files_follow_out_by_default(tmp_path):
+  # Issue 39 item 6: with --out, --docs and --figures outside the repository and no
+  # --runs_out, the per-run files go under <--out>/runs/<grid>, not results/runs/.
+  grid = str(tmp_path / 'mygrid')
+  _run_folder(grid, 'kernel-favor', 0.80)
+  out = str(tmp_path / 'out')
+  proc = subprocess.run([sys.executable, '-m', 'experiments.report', f'--runs={grid}',
+                         f'--out={out}', f'--docs={tmp_path / "docs" / "r.md"}'], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert os.path.isfile(os.path.join(out, 'runs', 'mygrid', 'rotten_tomatoes', 'kernel-favor',
+                                     'seed0.json'))
+  assert not os.path.exists(os.path.join(ROOT, 'results', 'runs', 'mygrid'))
