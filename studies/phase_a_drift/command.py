@@ -49,6 +49,7 @@ from experiments.run import stages
 from experiments.run import setup as run_setup
 from experiments.run import run_folder
 from experiments.run import train_config
+from experiments.common import outputs
 
 # The flags (``_define_flags``), set when the command is launched.
 _DATASET = None
@@ -151,6 +152,11 @@ def main(argv):
               for m in _MAPS.value} if trained else {}
   for run_dir in run_dirs.values():   # Every run is there before anything is computed.
     _check_finished(run_dir)
+  # Every output path before any compute (issue 39 item 1).
+  outputs.check_folder('--workdir', os.path.join(_WORKDIR.value, dataset))
+  outputs.check_folder('--out', _OUT.value)
+  stem = f'phase_a_drift_{dataset}' + ('_trained' if trained else '')
+  outputs.check_files_in('--out', _OUT.value, [stem + '.json', stem + '.md'])
   workdir = os.path.join(_WORKDIR.value, dataset)
   os.makedirs(workdir, exist_ok=True)
   # The data and tokenizer do not depend on the feature map: load them once (a trained

@@ -37,6 +37,7 @@ from experiments.run import setup as run_setup
 from experiments.run import train_config
 from experiments.run import checkpoints
 from experiments.run import run_folder
+from experiments.common import outputs
 
 # Named settings: config.phase_a overrides on top of the Vanilla-X run's config.
 _LEARN = dict(relative_step=0.01, gibbs_tilt=1e3, relative_lam=0.0)
@@ -129,6 +130,11 @@ def main(argv):
   bad = [m for m in _MAPS.value if m not in text_config.MAPS]
   if bad:
     raise ValueError(f'--feature_maps: {bad} not in {text_config.MAPS}.')
+  # Every output path before any compute (issue 39 item 1).
+  outputs.check_folder('--workdir', _WORKDIR.value)
+  outputs.check_folder('--out', _OUT.value)
+  outputs.check_files_in('--out', _OUT.value, [f'phase_a_pilot_{dataset}.json',
+                                               f'phase_a_pilot_{dataset}.md'])
   vanilla = {m: train_config.run_dir(_RUNS.value, dataset, f'vanilla-{m}', _SEED.value)
              for m in _MAPS.value}
   for m, d in vanilla.items():

@@ -29,6 +29,7 @@ from experiments.common import cli
 from experiments.common import provenance
 from experiments.study import methods
 from experiments.study import tables
+from experiments.common import outputs
 
 GRID = {'lam': [0.0, 0.01, 0.05], 'step_size': [0.03, 0.3, 3.0], 'beta': [1e4, 1e6]}
 NUM_SEEDS, BUDGET = 2, 64
@@ -63,6 +64,9 @@ def run_pilot(config):
 
 def main(argv):
   del argv
+  if flags.FLAGS.workdir:                     # before any compute (issue 39 item 1)
+    outputs.check_folder('--workdir', flags.FLAGS.workdir)
+    outputs.check_files_in('--workdir', flags.FLAGS.workdir, ['pilot.json'])
   meta = tables.run_metadata('studies.synthetic_pilot')
   print(f"{meta['command']} at commit {meta['commit']} on {json.dumps(meta['machine'])}")
   rows = run_pilot(flags.FLAGS.config)

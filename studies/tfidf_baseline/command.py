@@ -46,6 +46,7 @@ from coulomb_jax import metrics as metrics_lib
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.analysis import loading
+from experiments.common import outputs
 
 TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset')
 VARIANT = 'tfidf_logreg'
@@ -163,6 +164,7 @@ def launch() -> None:
       c_grid = check_c_grid(_C_GRID.value)
     except ValueError as e:
       raise app.UsageError(f'--{e}') from None
+    outputs.check_folder('--out', _OUT.value)        # before any fit (issue 39 item 1)
     meta = provenance.run_metadata('studies.tfidf_baseline')
     os.makedirs(_OUT.value, exist_ok=True)
     for task in _TASKS.value:

@@ -32,6 +32,7 @@ from experiments.common import cli
 from experiments.common import progress as progress_lib
 from experiments.common import provenance
 from experiments.study import tables
+from experiments.common import outputs
 
 
 def _energy_kwargs(config):
@@ -255,6 +256,11 @@ def run_theory(config, workdir):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if flags.FLAGS.workdir:                     # before any compute (issue 39 item 1)
+    outputs.check_folder('--workdir', flags.FLAGS.workdir)
+    outputs.check_files_in('--workdir', flags.FLAGS.workdir, [
+        'theory.json', 'theory.md', 'fig_theory_free_energy.png', 'fig_theory_sw_vs_n.png',
+        'fig_theory_kernel_spread.png'])
   run_theory(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

@@ -199,3 +199,18 @@ def test_mqar_refuses_an_output_it_cannot_write_before_any_run(scratch, case):
   }[case]
   assert _fails(scratch, 'experiments.mqar', *args) == says
   assert not work.exists()
+
+
+# ----------------------------------------------------------------------------- the studies
+# Every study that writes into a --workdir or --out folder checks it before any compute.
+
+@pytest.mark.parametrize('module, args, flag', [
+    ('studies.theory', ['--config=studies/theory/config.py'], '--workdir'),
+    ('studies.synthetic_pilot', ['--config=configs/synthetic.py:quick'], '--workdir'),
+    ('studies.phase_a_drift', [], '--out'),
+    ('studies.phase_a_pilot', [], '--out'),
+    ('studies.tfidf_baseline', [], '--out'),
+])
+def test_a_study_refuses_an_output_folder_that_is_a_file(scratch, module, args, flag):
+  line = _fails(scratch, module, *args, f'{flag}={scratch / "a_file"}')
+  assert line.startswith(f'{flag}: ') and str(scratch / 'a_file') in line, line
