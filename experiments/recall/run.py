@@ -44,6 +44,7 @@ from coulomb_jax import lm
 from coulomb_jax import mimicry
 from coulomb_jax import models
 from coulomb_jax import mqar
+from coulomb_jax import training
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.recall import methods
@@ -137,6 +138,26 @@ def _save(workdir: str, state, step: int, seconds: float) -> None:
       {'step': step, 'seconds': seconds, 'state': serialization.to_state_dict(state)})
   with provenance.atomic_open(os.path.join(workdir, CHECKPOINT_FILE), 'wb') as f:
     f.write(blob)
+
+
+def check_finite(state, metrics: dict, step: int, saved_step: int) -> None:
+  """One ``FloatingPointError`` when the particles or the loss stopped being finite, raised
+  before a save: the first particle leaf and head holding a non-finite value
+  (``training.nonfinite_counts`` / ``first_nonfinite``; the leaf names the block), else the
+  loss. The last checkpoint (``saved_step``) is kept."""
+  counts = jax.device_get(training.nonfinite_counts(state.params))
+  first = training.first_nonfinite({'nonfinite_particles': counts})
+  loss = float(metrics['loss'])
+  if first is None and np.isfinite(loss):
+    return
+  if first is not None:
+    _, leaf, head, count = first
+    where = f'{leaf} head {head} holds {count} non-finite value(s)'
+  else:
+    where = f'the loss is {loss}'
+  raise FloatingPointError(
+      f'step {step}: {where}; stopped before saving (the last checkpoint, step {saved_step}, '
+      'is kept). Lower train.learning_rate or particles.step_size, or check the inputs.')
 
 
 def data_args(config) -> dict:
@@ -298,6 +319,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
     log(f'{workdir}: calibrated ' + ', '.join(f'{k} {v:.4g}' for k, v in calibration.items()))
   initial_diversity = particle_diversity(jax.device_get(state.params))
   state, step, seconds = _restore(workdir, state)
+  saved_step = step
   if step:
     log(f'{workdir}: resumed at step {step} of {t.steps}')
   valid = lambda: evaluate(state.params, method.model, config, keys['valid'], d.num_valid)
@@ -310,6 +332,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
     state, metrics = lm.train_step(state, batches.batch(step), method.mimicry,
                                    method.feature_map, d.num_pairs)
     step += 1
+    if step % t.log_every == 0 or step == t.steps or step % t.checkpoint_every == 0:
+      check_finite(state, metrics, step, saved_step)     # at every log line and save
     if step % t.log_every == 0 or step == t.steps:
       log(f'{workdir}: step {step}/{t.steps} loss {float(metrics["loss"]):.4f} '
           f'accuracy {float(metrics["accuracy"]):.4f}')
@@ -321,7 +345,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
         log(f'{workdir}: validation accuracy {accuracy:.4f} >= {t.early_stop} at step {step}: '
             f'early stop')
     if step % t.checkpoint_every == 0 or step == t.steps or stopped:
+      check_finite(state, metrics, step, saved_step)
       _save(workdir, state, step, seconds)
+      saved_step = step
     if stopped:
       break
   metrics = evaluate(state.params, method.model, config, keys['eval'])

@@ -1,6 +1,8 @@
 """The recall methods of issue 36: the Taylor map, Hedgehog's identity init and trained W,
 the distillation force, and particles_flow as the Langevin step with λ = 0 and no noise."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,3 +168,26 @@ def test_calibration_sets_the_force_ratio_and_the_drift_to_noise():
                                                              rel=1e-4)
   assert cal['drift_to_noise'] == pytest.approx(2.0, rel=1e-3)
   assert 0.01 < cal['force_ratio'] < 1.0 and np.isfinite(cal['beta'])
+
+
+def test_a_run_stops_before_saving_when_a_particle_turns_non_finite(tmp_path, monkeypatch):
+  # Issue 39 item 3: the LM loop stops at the first non-finite particle, naming its block
+  # and head, before the save that would keep it.
+  config = _quick('particles_flow')
+  real_step = lm.train_step
+
+  def poisoned(state, *args):
+    state, metrics = real_step(state, *args)
+    w = state.params['block_0']['attn']['particles']
+    block = dict(state.params['block_0'], attn=dict(state.params['block_0']['attn'],
+                                                    particles=w.at[1, 0, 0].set(jnp.nan)))
+    params = dict(state.params, block_0=block)
+    return state.replace(params=params), metrics
+
+  monkeypatch.setattr(run.lm, 'train_step', poisoned)
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(FloatingPointError, match=r'step 2: block_0/attn/particles head 1 holds \d+ '
+                                               r'non-finite value\(s\); stopped before saving '
+                                               r'\(the last checkpoint, step 0, is kept\)'):
+    run.train_and_evaluate(config, workdir, log=lambda *_: None)
+  assert not os.path.exists(os.path.join(workdir, run.CHECKPOINT_FILE))
