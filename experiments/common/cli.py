@@ -12,8 +12,10 @@ does not exist, an unknown flag or a value of the wrong type into one line on
 standard error, with ml_collections' "Did you mean" suggestion when it has one,
 and exit status 2. Inside ``main``, a ``ConfigError`` (a ``ValueError``; raise it
 for a bad config value found before any work starts), a ``StorageError`` (the disk
-refused a write, e.g. a checkpoint) and any ``OSError`` of a full disk (ENOSPC) end
-the same way. Every other exception keeps its traceback: it is a bug, not a typo.
+refused a write, e.g. a checkpoint), a ``FloatingPointError`` (a run whose particles or
+loss stopped being finite, stopped before saving; it names the layer and head) and any
+``OSError`` of a full disk (ENOSPC) end the same way. Every other exception keeps its
+traceback: it is a bug, not a typo.
 
 A run that can be stopped and resumed wraps its work in ``stop_on_signals()``:
 SIGINT (Ctrl-C) and SIGTERM then raise ``Stopped`` (a ``KeyboardInterrupt``) in
@@ -228,7 +230,7 @@ def run(main: Callable[[list], object], config_flags: Sequence[str] = ('config',
       print(f'{program()}: {message}; to resume, run the same command: {command_line()}',
             file=sys.stderr, flush=True)
       sys.exit(e.exit_code)
-    except (ConfigError, StorageError) as e:
+    except (ConfigError, StorageError, FloatingPointError) as e:
       fail(str(e))
     except OSError as e:
       if e.errno != errno.ENOSPC:

@@ -64,3 +64,20 @@ def test_one_line_of_a_plain_error():
   assert cli.one_line(ValueError('config.langevin.beta must be > 0, got -1.0.')) == (
       'config.langevin.beta must be > 0, got -1.0.')
   assert cli.one_line(KeyError('plain')) == 'plain'
+
+
+def test_a_run_stopped_by_a_non_finite_value_ends_in_one_line():
+  # A FloatingPointError (particles or loss no longer finite, raised before a save) is the
+  # run's condition, not a bug: one line naming where, exit status 2.
+  import subprocess  # pylint: disable=g-import-not-at-top
+  code = ('from experiments.common import cli\n'
+          'def main(argv):\n'
+          '  raise FloatingPointError("step 2: block_0/attn/particles head 1 holds 64 "\n'
+          '                           "non-finite value(s); stopped before saving")\n'
+          'cli.run(main, config_flags=())\n')
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert proc.returncode == 2
+  assert proc.stderr.splitlines() == [
+      '-c: error: step 2: block_0/attn/particles head 1 holds 64 non-finite value(s); '
+      'stopped before saving'], proc.stderr
