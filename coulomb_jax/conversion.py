@@ -437,7 +437,25 @@ def fit_features(key: jax.Array, recorded: Sequence[Dict[Path, AttentionRecord]]
                             method=method, feature_map=fm, radius=settings.radius)
   omega, losses = fit_groups(fit_key, omega0, [b for b, _ in stacked], method=method,
                              steps=steps, settings=settings, feature_map=fm)
-  return split_heads(omega, layout), split_heads(losses, layout, axis=1)
+  omegas, head_losses = split_heads(omega, layout), split_heads(losses, layout, axis=1)
+  _check_finite_fit(omegas, head_losses, method, steps)
+  return omegas, head_losses
+
+
+def _check_finite_fit(omegas, losses, method: str, steps: int) -> None:
+  """One ``FloatingPointError`` naming the first layer and head whose fitted features are
+  not finite, and the first step whose loss was not (a NaN stays in its head: the fit is
+  per head)."""
+  for path in sorted(omegas):
+    bad = ~np.isfinite(np.asarray(omegas[path])).reshape(omegas[path].shape[0], -1).all(-1)
+    if bad.any():
+      head = int(np.flatnonzero(bad)[0])
+      first = np.flatnonzero(~np.isfinite(np.asarray(losses[path])[:, head]))
+      when = f'; its loss was first non-finite before step {int(first[0])}' if first.size else ''
+      raise FloatingPointError(
+          f'fit_features: {"/".join(path)} head {head} holds non-finite features after '
+          f'{steps} {method} steps{when}. Lower the step size or learning rate (settings), or '
+          'check the recorded attention.')
 
 
 # ----------------------------------------------------------------------------- running

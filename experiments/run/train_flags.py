@@ -187,9 +187,11 @@ def field_comments(*paths: str) -> dict:
         elif not line.startswith((' ', '\t')) and text:
           section = ''
         match = _BUILDER_CALL.search(text)
-        # The comment above a run of builder calls is the config's note on all their fields.
+        # The comment above a run of builder calls (and their continuation lines) is the
+        # config's note on all their fields.
         note = ' '.join(block) if block else (note if match and after_call else '')
-        after_call = bool(match) or (after_call and text.endswith(')') and not _FIELD_LINE.match(text))
+        continued = after_call and text.endswith(')') and not _FIELD_LINE.match(text)
+        after_call = bool(match) or continued
         if match:
           target = match.group(2)
           prefix = target[len('config.'):] if target.startswith('config.') else section

@@ -191,6 +191,13 @@ def test_bad_arguments_are_one_line_each(trained):
     conversion.stack_heads({('attn_0',): recorded[0][('attn_0',)], **short})
   with pytest.raises(ValueError, match=r'^omegas: params hold no attn_0/particles'):
     conversion.with_particles(variables['params'], {('attn_0',): jnp.zeros((2, 4, 16))})
+  # Issue 39 item 3: a fit that ends non-finite is one line naming the layer and head.
+  rec = recorded[0][('attn_1',)]
+  poisoned = [{**recorded[0], ('attn_1',): rec._replace(q=jnp.asarray(rec.q).at[1].set(jnp.nan))}]
+  with pytest.raises(FloatingPointError, match=r'^fit_features: attn_1 head 1 holds non-finite '
+                                               r'features after 2 gradient_flow steps; its loss '
+                                               r'was first non-finite before step 0\.'):
+    conversion.fit_features(key, poisoned, method='gradient_flow', num_features=8, steps=2)
 
 
 # ----------------------------------------------------------------------------- unchanged
