@@ -332,8 +332,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
     state, metrics = lm.train_step(state, batches.batch(step), method.mimicry,
                                    method.feature_map, d.num_pairs)
     step += 1
-    if step % t.log_every == 0 or step == t.steps or step % t.checkpoint_every == 0:
-      check_finite(state, metrics, step, saved_step)     # at every log line and save
+    check_finite(state, metrics, step, saved_step)       # every step, before any save
     if step % t.log_every == 0 or step == t.steps:
       log(f'{workdir}: step {step}/{t.steps} loss {float(metrics["loss"]):.4f} '
           f'accuracy {float(metrics["accuracy"]):.4f}')
@@ -345,7 +344,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
         log(f'{workdir}: validation accuracy {accuracy:.4f} >= {t.early_stop} at step {step}: '
             f'early stop')
     if step % t.checkpoint_every == 0 or step == t.steps or stopped:
-      check_finite(state, metrics, step, saved_step)
       _save(workdir, state, step, seconds)
       saved_step = step
     if stopped:

@@ -171,8 +171,8 @@ def test_calibration_sets_the_force_ratio_and_the_drift_to_noise():
 
 
 def test_a_run_stops_before_saving_when_a_particle_turns_non_finite(tmp_path, monkeypatch):
-  # Issue 39 item 3: the LM loop stops at the first non-finite particle, naming its block
-  # and head, before the save that would keep it.
+  # Issue 39 item 3: the LM loop stops at the step that made a particle non-finite, naming
+  # its block and head, before the save that would keep it.
   config = _quick('particles_flow')
   real_step = lm.train_step
 
@@ -186,7 +186,7 @@ def test_a_run_stops_before_saving_when_a_particle_turns_non_finite(tmp_path, mo
 
   monkeypatch.setattr(run.lm, 'train_step', poisoned)
   workdir = str(tmp_path / 'run')
-  with pytest.raises(FloatingPointError, match=r'step 2: block_0/attn/particles head 1 holds \d+ '
+  with pytest.raises(FloatingPointError, match=r'step 1: block_0/attn/particles head 1 holds 1 '
                                                r'non-finite value\(s\); stopped before saving '
                                                r'\(the last checkpoint, step 0, is kept\)'):
     run.train_and_evaluate(config, workdir, log=lambda *_: None)
