@@ -86,6 +86,7 @@ def test_core_variants_under_pmap_on_four_cpu_devices():
   assert 'passed' in summary and 'skipped' not in summary and 'failed' not in summary, summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(features.FEATURE_MAPS))
 @pytest.mark.parametrize('lam', [0.0, 0.3])
 def test_gradient_matches_finite_differences(name, lam):

@@ -96,6 +96,7 @@ def test_phase_a_on_softmax_lowers_the_cross_entropy_of_both_layers():
   assert history[-1] < history[0]
 
 
+@pytest.mark.slow
 def test_phase_b_with_a_users_loss_trains_everything_but_the_particles():
   model, params, batch = _setup()
   opt = training.phase_b_optimizer(learning_rate=3e-2, warmup_steps=0, total_steps=20,

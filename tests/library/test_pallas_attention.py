@@ -44,6 +44,7 @@ def _xla(q, k, v, omega, mask, name):
                                           precision='highest')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', pa.PALLAS_FEATURE_MAPS)
 def test_kernels_equal_xla_path(name):
   q, k, v, omega, mask = _inputs(jax.random.key(0))
@@ -173,6 +174,7 @@ def _real(out, mask):
   return np.asarray(out)[np.broadcast_to(np.asarray(mask)[:, :, None, None], out.shape)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', pa.PALLAS_FEATURE_MAPS)
 def test_causal_kernel_equals_xla_path(name):
   q, k, v, omega, mask = _inputs(jax.random.key(10))
@@ -291,6 +293,7 @@ def _tpu(q, k, v, omega, mask, name, eps=attention.DEFAULT_EPS):
                          precision=HIGHEST)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', pa.TPU_FEATURE_MAPS)
 def test_tpu_kernels_equal_xla_path(name):
   q, k, v, omega, mask = _inputs(jax.random.key(17))

@@ -215,6 +215,7 @@ def test_a_phase_a_stage_without_heldout_is_refused(tmp_path):
       'alignment each stage records); rerun the run or remove its folder from the grid.')
 
 
+@pytest.mark.slow
 def test_a_corrupt_history_is_refused(tmp_path):
   kernel, args = _learned_grid(tmp_path)
   path = os.path.join(kernel, 'history.jsonl')
@@ -254,6 +255,7 @@ def test_mqar_collect_only_without_workdir_or_results_names_the_workdir(tmp_path
       'finished run to collect; nothing was written.')
 
 
+@pytest.mark.slow
 def test_mqar_results_holding_a_json_list_is_refused(tmp_path):
   # Was a bare AttributeError ('list' object has no attribute 'get').
   (tmp_path / 'work').mkdir()

@@ -172,6 +172,7 @@ def test_kernel_attention_layers_are_recorded_from_what_they_sow():
   assert np.all(np.isfinite(model.apply({'params': params}, x, mask)))
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_one_line_each(trained):
   model, variables, batches, _ = trained
   recorded = conversion.record_attention(model, variables, batches[:1], inputs=INPUTS)
@@ -277,6 +278,7 @@ def _study_encoder():
   return encoders.Encoder('tiny', config, model, params, {'train': rows}, {}), rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('method', ('particles_labels', 'hedgehog'))
 def test_the_mimicry_study_fits_as_before_bit_for_bit(method):
   from studies.softmax_mimicry import config as study_config  # pylint: disable=g-import-not-at-top

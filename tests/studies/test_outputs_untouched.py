@@ -132,6 +132,7 @@ def _study(workdir: pathlib.Path) -> None:
       + '\n' + json.dumps({'cell_done': True, 'noise_index': 0, 'seed': 0}) + '\n')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('where', ['missing', 'figure a folder'])
 def test_synthetic_report_refuses_a_workdir_it_cannot_read_or_write(scratch, where):
   workdir = scratch / 'w'
@@ -147,6 +148,7 @@ def test_synthetic_report_refuses_a_workdir_it_cannot_read_or_write(scratch, whe
 
 # ----------------------------------------------------------------------------- experiments.report
 
+@pytest.mark.slow
 @pytest.mark.parametrize('where', ['figure', 'summary', 'per-run file'])
 def test_report_refuses_an_output_file_that_is_a_folder(tmp_path, where):
   _, args = _reported_grid(tmp_path)      # summaries, page, figures, per-run files exist
@@ -166,6 +168,7 @@ def test_report_refuses_an_output_file_that_is_a_folder(tmp_path, where):
 _TINY = ['--config=configs/mqar.py:quick', '--grid=tiny']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', ['results in a missing folder', 'results a folder',
                                   'workdir under a file', 'page without collect_only',
                                   'results for one run'])
@@ -204,6 +207,7 @@ def test_mqar_refuses_an_output_it_cannot_write_before_any_run(scratch, case):
 # ----------------------------------------------------------------------------- the studies
 # Every study that writes into a --workdir or --out folder checks it before any compute.
 
+@pytest.mark.slow
 @pytest.mark.parametrize('module, args, flag', [
     ('studies.theory', ['--config=studies/theory/config.py'], '--workdir'),
     ('studies.synthetic_pilot', ['--config=configs/synthetic.py:quick'], '--workdir'),

@@ -67,6 +67,7 @@ def test_a_run_writes_its_row_and_resumes_from_its_checkpoint(tmp_path):
   assert again['accuracy'] == row['accuracy'] and again['loss'] == pytest.approx(row['loss'])
 
 
+@pytest.mark.slow
 def test_a_workdir_of_another_config_is_refused(tmp_path):
   workdir = str(tmp_path / 'run')
   run.train_and_evaluate(quick(), workdir, log=lambda *_: None)
@@ -129,6 +130,7 @@ def test_a_grid_with_its_own_overrides_sets_them_on_every_run():
     run.check_config(config)
 
 
+@pytest.mark.slow
 def test_the_page_keeps_its_text_and_redraws_its_table(tmp_path):
   from experiments.recall import page  # pylint: disable=g-import-not-at-top
   root, results = str(tmp_path / 'grid'), str(tmp_path / 'mqar.json')

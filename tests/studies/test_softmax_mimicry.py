@@ -96,6 +96,7 @@ def test_head_batches_hold_each_heads_projections():
   assert set(np.unique(b['labels'][b['mask'].any(1)])) <= {-1.0, 1.0}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('method', fit.METHODS)
 def test_every_method_counts_n_features_and_fitted_ones_lower_their_loss(method):
   enc, rows, _ = _softmax_encoder()
@@ -246,6 +247,7 @@ def test_an_empty_workdir_never_replaces_results(tmp_path):
   assert out.read_text() == '{"kept": 1}'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args, message', [
     (['--datasets=imdb'], '--datasets: names from'),
     (['--runs=/nonexistent'], 'has no results.json'),

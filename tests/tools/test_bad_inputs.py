@@ -652,6 +652,7 @@ def test_padded_slots_may_hold_any_id():
   np.testing.assert_array_equal(np.asarray(odd), np.asarray(clean))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('process_id, says', [
     (1, r'process 1 of 2: no coordinator answered at 127\.0\.0\.1:\d+'),
     (0, r'process 0 \(the coordinator, at 127\.0\.0\.1:\d+\): the other 1 process\(es\) did '

@@ -199,6 +199,7 @@ def test_the_committed_zoology_block_is_the_committed_results_files(tmp_path):
   assert made.replace(str(tmp_path), '') == block(committed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('grid', ['', 'zoology'])
 def test_a_bad_page_or_figure_changes_no_file(tmp_path, grid):
   # Issue 39 item 1: the committed figure and page are untouched by a failing command.

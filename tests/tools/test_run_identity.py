@@ -241,6 +241,7 @@ def test_a_prefix_of_another_config_or_with_a_nan_is_refused(runs, tmp_path):
   assert checkpoints.leaf_hex(restored[checkpoints.CONFIG_LEAF]) == other
 
 
+@pytest.mark.slow
 def test_phase_a_stops_at_the_first_non_finite_particle_naming_layer_and_head(
     runs, monkeypatch):
   from experiments.run import phase_a  # pylint: disable=g-import-not-at-top

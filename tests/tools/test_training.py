@@ -576,6 +576,7 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(tmp_path, 
     train.train_and_evaluate(_tiny(data_dir), workdir)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_other_data_is_refused(tmp_path):
   """The data fingerprint is inside every checkpoint too: one copied into a run on
   other data (its fingerprint.json agreeing with that data) is refused, not resumed."""
