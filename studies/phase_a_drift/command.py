@@ -39,17 +39,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from coulomb_jax import data
 from configs import text as text_config
+from coulomb_jax import data
 from coulomb_jax import langevin
 from coulomb_jax import training
 from experiments.common import cli
-from experiments.common import provenance
-from experiments.run import stages
-from experiments.run import setup as run_setup
-from experiments.run import run_folder
-from experiments.run import train_config
 from experiments.common import outputs
+from experiments.common import provenance
+from experiments.run import run_folder
+from experiments.run import setup as run_setup
+from experiments.run import stages
+from experiments.run import train_config
 
 # The flags (``_define_flags``), set when the command is launched.
 _DATASET = None

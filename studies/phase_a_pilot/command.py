@@ -31,13 +31,13 @@ import numpy as np
 
 from configs import text as text_config
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import provenance
+from experiments.run import checkpoints
 from experiments.run import phase_a_report
+from experiments.run import run_folder
 from experiments.run import setup as run_setup
 from experiments.run import train_config
-from experiments.run import checkpoints
-from experiments.run import run_folder
-from experiments.common import outputs
 
 # Named settings: config.phase_a overrides on top of the Vanilla-X run's config.
 _LEARN = dict(relative_step=0.01, gibbs_tilt=1e3, relative_lam=0.0)

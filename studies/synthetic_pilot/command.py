@@ -26,10 +26,10 @@ import numpy as np
 import coulomb_jax as cj
 from coulomb_jax import synthetic
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import provenance
 from experiments.study import methods
 from experiments.study import tables
-from experiments.common import outputs
 
 GRID = {'lam': [0.0, 0.01, 0.05], 'step_size': [0.03, 0.3, 3.0], 'beta': [1e4, 1e6]}
 NUM_SEEDS, BUDGET = 2, 64

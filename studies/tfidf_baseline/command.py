@@ -43,10 +43,10 @@ from sklearn import linear_model
 
 from coulomb_jax import data
 from coulomb_jax import metrics as metrics_lib
-from experiments.common import cli
-from experiments.common import provenance
 from experiments.analysis import loading
+from experiments.common import cli
 from experiments.common import outputs
+from experiments.common import provenance
 
 TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset')
 VARIANT = 'tfidf_logreg'

@@ -28,11 +28,12 @@ import coulomb_jax as cj
 from coulomb_jax import diagnostics
 from coulomb_jax import hamiltonian as hl
 from coulomb_jax import synthetic
+from experiments.analysis import plots
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import progress as progress_lib
 from experiments.common import provenance
 from experiments.study import tables
-from experiments.common import outputs
 
 
 def _energy_kwargs(config):
@@ -162,8 +163,7 @@ def figures(results, workdir):
     ax.set(xlabel='step', title=title)
   axes[0].legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(os.path.join(workdir, 'fig_theory_free_energy.png'), dpi=90)
-  plt.close(fig)
+  plots.save(fig, os.path.join(workdir, 'fig_theory_free_energy.png'))        # atomic
 
   fig, ax = plt.subplots(figsize=(5, 3.6))
   ns = sorted(int(n) for n in results['sliced_wasserstein'])
@@ -178,8 +178,7 @@ def figures(results, workdir):
   ax.legend(fontsize=8)
   ax.set_xticks(ns, [str(n) for n in ns])
   fig.tight_layout()
-  fig.savefig(os.path.join(workdir, 'fig_theory_sw_vs_n.png'), dpi=90)
-  plt.close(fig)
+  plots.save(fig, os.path.join(workdir, 'fig_theory_sw_vs_n.png'))        # atomic
 
   fig, ax = plt.subplots(figsize=(5, 3.6))
   for beta, by_n in results['kernel_spread'].items():
@@ -189,8 +188,7 @@ def figures(results, workdir):
          title='Concentration of the learned kernel')
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(os.path.join(workdir, 'fig_theory_kernel_spread.png'), dpi=90)
-  plt.close(fig)
+  plots.save(fig, os.path.join(workdir, 'fig_theory_kernel_spread.png'))        # atomic
 
 
 def summary_markdown(results):
