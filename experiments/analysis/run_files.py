@@ -38,6 +38,7 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from experiments.analysis import loading
+from experiments.common import cli
 from experiments.common import provenance
 from experiments.run import run_identity
 
@@ -288,6 +289,17 @@ def write_study_records(records: List[dict], runs_out: str) -> List[str]:
     os.makedirs(runs_out, exist_ok=True)
   for path, r in zip(paths, records):
     provenance.write_json_atomic(path, r, indent=1)
+  return paths
+
+
+def write_study_command_records(records: List[dict], runs_out: str) -> List[str]:
+  """``write_study_records`` for a study command: a refused id is one ``cli.ConfigError``
+  naming ``--runs_out``; prints how many files it wrote. Returns the paths."""
+  try:
+    paths = write_study_records(records, runs_out)
+  except ValueError as e:
+    raise cli.ConfigError(f'--runs_out: {e}') from None
+  print(f'{runs_out}: {len(paths)} per-run files', flush=True)
   return paths
 
 

@@ -100,12 +100,8 @@ def records(rows: list, root: str) -> list:
                                  None, NO_DIGEST, machine_from='the row') for r in rows]
 
 
-def write_records(recs: list, runs_out: str) -> None:
-  try:
-    paths = run_files.write_study_records(recs, runs_out)
-  except ValueError as e:
-    raise cli.ConfigError(f'--runs_out: {e}') from None
-  print(f'{runs_out}: {len(paths)} per-run files', flush=True)
+def write_records(records: list, runs_out: str) -> None:
+  run_files.write_study_command_records(records, runs_out)
 
 
 def runs_from_results(runs_out: str) -> None:

@@ -164,12 +164,8 @@ def runs_out_path(study: str) -> str:
   return path
 
 
-def write_records(records: List[dict], runs_out: str) -> None:
-  try:
-    paths = run_files.write_study_records(records, runs_out)
-  except ValueError as e:
-    raise cli.ConfigError(f'--runs_out: {e}') from None
-  print(f'{runs_out}: {len(paths)} per-run files', flush=True)
+def write_records(records: list, runs_out: str) -> None:
+  run_files.write_study_command_records(records, runs_out)
 
 
 def write_from_results(study: str, module: str, out: str, runs_out: str, page_flag: str) -> None:

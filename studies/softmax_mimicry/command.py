@@ -92,11 +92,7 @@ def _parse(argv):
 
 
 def _write_records(records: list, runs_out: str) -> None:
-  try:
-    paths = run_files.write_study_records(records, runs_out)
-  except ValueError as e:
-    raise cli.ConfigError(f'--runs_out: {e}') from None
-  print(f'{runs_out}: {len(paths)} per-run files', flush=True)
+  run_files.write_study_command_records(records, runs_out)
 
 
 def runs_from_results(runs_out: str) -> None:
