@@ -238,6 +238,10 @@ def commands(fv, overrides) -> list:
   config checked first, and every finished folder against the config it would run."""
   variants, seeds = check_flags(fv)
   outputs.check_folder('--workdir', fv.workdir)  # a file, or under one: before any run
+  if fv.prefix_root and os.path.abspath(fv.prefix_root) != os.path.abspath(fv.workdir):
+    # Another grid's root must be there: a missing one would leave every run to train its
+    # Phase B prefix again without a word (restore_prefix finds nothing to restore).
+    outputs.check_folder('--prefix_root', fv.prefix_root, must_exist=True)
   check_overrides(fv.dataset, variants, overrides)
   expected = lambda dataset, variant, seed, out: load_config(
       dataset, variant, run_args(fv, overrides, dataset, variant, seed, out))

@@ -41,6 +41,7 @@ import numpy as np
 from experiments.analysis import loading
 from experiments.analysis import run_files
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import page_block
 from experiments.common import provenance
 
@@ -162,6 +163,14 @@ def runs_out_path(study: str) -> str:
   path = FLAGS.runs_out or run_files.default_study_runs_out(study, FLAGS.out)
   run_files.check_runs_out(path)
   return path
+
+
+def check_outputs() -> None:
+  """``--out`` and ``--docs`` can be written, checked before any run folder is read (issue
+  39 item 1): one ``cli.ConfigError`` naming the flag. Shared with the softmax part."""
+  outputs.check_file('--out', FLAGS.out, folder_must_exist=False)
+  if FLAGS.docs:
+    outputs.check_file('--docs', FLAGS.docs)
 
 
 def write_records(records: list, runs_out: str) -> None:
@@ -302,6 +311,7 @@ def main(argv):
     write_from_results(STUDY, module, FLAGS.out, runs_out_path(STUDY), 'docs')
     return
   check_runs_folder(argv)
+  check_outputs()
   runs_out = runs_out_path(STUDY)
   try:
     found = collect_runs(FLAGS.runs, FLAGS.dataset)

@@ -172,6 +172,7 @@ def main(argv):
                                          phase_a_repulsion.runs_out_path(STUDY), 'docs')
     return
   phase_a_repulsion.check_runs_folder(argv)
+  phase_a_repulsion.check_outputs()
   runs_out = phase_a_repulsion.runs_out_path(STUDY)
   try:
     found = collect_runs(FLAGS.runs, FLAGS.settings, FLAGS.labels_setting, FLAGS.dataset)

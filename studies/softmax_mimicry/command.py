@@ -32,6 +32,7 @@ from ml_collections import config_flags
 from experiments.analysis import loading
 from experiments.analysis import run_files
 from experiments.common import cli
+from experiments.common import outputs
 from studies.softmax_mimicry import collect
 from studies.softmax_mimicry import encoders
 from studies.softmax_mimicry import page as page_lib
@@ -91,6 +92,20 @@ def _parse(argv):
   return datasets, seeds, parts
 
 
+def check_outputs() -> None:
+  """Every path the command writes, before any compute (issue 39 item 1): ``--workdir``,
+  ``--out``, and with ``--page`` the page and its two figures in ``--figures``. One
+  ``cli.ConfigError`` naming the flag."""
+  outputs.check_folder('--workdir', FLAGS.workdir)
+  outputs.check_file('--out', FLAGS.out, folder_must_exist=False)
+  if FLAGS.page:
+    outputs.check_file('--page', FLAGS.page)
+    outputs.check_folder('--figures', FLAGS.figures)
+    for name in (page_lib.FIDELITY_FIGURE, page_lib.CONVERSION_FIGURE):
+      outputs.check_file('--figures', os.path.join(FLAGS.figures, name),
+                         folder_must_exist=False)
+
+
 def _write_records(records: list, runs_out: str) -> None:
   run_files.write_study_command_records(records, runs_out)
 
@@ -124,6 +139,7 @@ def main(argv):
   datasets, seeds, parts = _parse(argv)
   config = FLAGS.config
   check_config(config)
+  check_outputs()
   if not FLAGS.collect_only:
     runs = {(d, s): encoders.run_dir(FLAGS.runs, d, s) for d in datasets for s in seeds}
     pilot_run = encoders.run_dir(FLAGS.runs, config.pilot.dataset, config.pilot.seed)

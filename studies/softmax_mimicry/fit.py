@@ -124,7 +124,30 @@ def fit(method: str, key: jax.Array, omega0: jax.Array, batches: List[dict], set
   lib = settings_of(method, settings)
   group_batches = [{'q': b['q'], 'k': b['k'], 'key_mask': b['mask'], 'query_mask': b['mask'],
                     'labels': b['labels']} for b in batches]
-  return conversion.fit_groups(
+  omega, losses = conversion.fit_groups(
       key, omega0, group_batches, method=LIBRARY_METHOD[method], steps=steps, settings=lib,
       feature_map=feature_map(method),
       energy=_labels_energy(lib) if method == 'particles_labels' else None)
+  check_finite(method, omega, losses)
+  return omega, losses
+
+
+STEP_FIELD = {'particles_softmax': 'step_size', 'gradient_flow': 'flow_step_size',
+              'particles_labels': 'labels_step_size', 'hedgehog': 'hedgehog_learning_rate'}
+"""The ``config.fit`` field that sets each fitted method's step (the pilot's choice)."""
+
+
+def check_finite(method: str, omega, losses) -> None:
+  """One ``FloatingPointError`` naming the method, the first group (layer-major: layer ×
+  head) whose fitted features are not finite, the first step whose loss was not, and the
+  config field to lower (issue 39 item 3: the study's own fits stop like the library's)."""
+  omega = np.asarray(omega)
+  bad = ~np.isfinite(omega.reshape(omega.shape[0], -1)).all(-1)
+  if not bad.any():
+    return
+  group = int(np.flatnonzero(bad)[0])
+  first = np.flatnonzero(~np.isfinite(np.asarray(losses)[:, group]))
+  when = f'; its loss was first non-finite at step {int(first[0])}' if first.size else ''
+  raise FloatingPointError(
+      f'{method}: group {group} (layer-major, layer × head) holds non-finite features after '
+      f'{np.asarray(losses).shape[0]} steps{when}. Lower config.fit.{STEP_FIELD[method]}.')

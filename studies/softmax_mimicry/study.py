@@ -37,8 +37,7 @@ from studies.softmax_mimicry import encoders
 from studies.softmax_mimicry import fidelity
 from studies.softmax_mimicry import fit
 
-PILOT_FIELDS = {'particles_softmax': 'step_size', 'gradient_flow': 'flow_step_size',
-                'particles_labels': 'labels_step_size', 'hedgehog': 'hedgehog_learning_rate'}
+PILOT_FIELDS = fit.STEP_FIELD   # particles_softmax first: it sets R for the others
 
 
 def _read(path):
@@ -101,13 +100,22 @@ def run_pilot(config, encoder, path, log: Callable = print) -> dict:
       for fields in _candidates(p, method, {'radius': best_n.get('radius', config.fit.radius)}):
         settings = copy.deepcopy(config.fit)
         settings.update(fields)
-        omega, _ = _fit_one(method, encoder, batches, settings, config.fit.steps, n, p.seed)
+        try:
+          omega, _ = _fit_one(method, encoder, batches, settings, config.fit.steps, n, p.seed)
+        except FloatingPointError as e:     # a candidate that diverges is never chosen
+          rows_scored.append(dict(fields, heldout_kl=None, diverged=str(e)))
+          log(f'pilot N={n} {method} {fields}: diverged ({e})')
+          continue
         kl = float(np.mean(fidelity.heldout_fidelity(omega, fit.feature_map(method),
                                                      heldout)['kl']))
         rows_scored.append(dict(fields, heldout_kl=kl))
         log(f'pilot N={n} {method} {fields}: held-out KL {kl:.4f}')
-      best = min(rows_scored, key=lambda row: row['heldout_kl'])
-      best_n.update({k: v for k, v in best.items() if k != 'heldout_kl'})
+      finite = [row for row in rows_scored if row['heldout_kl'] is not None]
+      if not finite:
+        raise FloatingPointError(f'pilot N={n}: every {method} candidate diverged; lower '
+                                 f'config.pilot.{PILOT_FIELDS[method]}.')
+      best = min(finite, key=lambda row: row['heldout_kl'])
+      best_n.update({k: v for k, v in best.items() if k not in ('heldout_kl', 'diverged')})
     chosen[str(n)] = best_n
   out = {'commit': provenance.git_commit(), 'dataset': p.dataset, 'seed': p.seed,
          'heldout': f'{p.heldout_rows} training rows after the {d.fit_rows} fit rows',

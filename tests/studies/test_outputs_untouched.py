@@ -218,3 +218,25 @@ def test_mqar_refuses_an_output_it_cannot_write_before_any_run(scratch, case):
 def test_a_study_refuses_an_output_folder_that_is_a_file(scratch, module, args, flag):
   line = _fails(scratch, module, *args, f'{flag}={scratch / "a_file"}')
   assert line.startswith(f'{flag}: ') and str(scratch / 'a_file') in line, line
+
+
+@pytest.mark.parametrize('module, args, flag, path', [
+    ('studies.phase_a_repulsion', ['--runs={a_dir}'], '--docs', '{missing}/page.md'),
+    ('studies.phase_a_repulsion.softmax', ['--runs={a_dir}'], '--docs', '{missing}/page.md'),
+    ('studies.phase_a_repulsion', ['--runs={a_dir}'], '--out', '{a_dir}'),
+    ('studies.softmax_mimicry', ['--runs={a_dir}'], '--page', '{missing}/page.md'),
+    ('studies.softmax_mimicry', ['--runs={a_dir}', '--page={a_dir}/page.md'], '--figures',
+     '{a_file}'),
+    ('studies.softmax_mimicry', ['--runs={a_dir}'], '--workdir', '{a_file}/w'),
+])
+def test_a_study_checks_its_page_and_outputs_before_reading_any_run(scratch, module, args,
+                                                                    flag, path):
+  # Before: the repulsion studies wrote --out, then failed on a --docs in a missing folder
+  # with a traceback; the mimicry study ran its parts before a bad --page or --figures.
+  names = {'a_dir': scratch / 'a_dir', 'a_file': scratch / 'a_file',
+           'missing': scratch / 'missing'}
+  args = [a.format(**names) for a in args]
+  value = path.format(**names)
+  out = [] if flag == '--out' else [f'--out={scratch / "a_dir" / "r.json"}']
+  line = _fails(scratch, module, *args, *out, f'{flag}={value}')
+  assert line.startswith(f'{flag}: ') and value in line, line

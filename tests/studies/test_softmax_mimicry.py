@@ -301,3 +301,48 @@ def test_pilot_chooses_the_lowest_heldout_kl_at_every_n_and_fidelity_uses_it(tmp
   assert out['methods']['hedgehog']['8']['rows'] == 4               # N/2 rows
   assert os.path.isfile(tmp_path / 'part' / 'rows_particles_softmax_8.npy')
   assert not os.path.exists(tmp_path / 'part' / 'rows_particles_softmax_4.npy')
+
+
+@pytest.mark.parametrize('method', fit.FITTED)
+def test_a_fit_that_turns_non_finite_stops_naming_method_group_and_field(method):
+  # Issue 39 item 3: the study's own fits stop like the library's (before: NaN features
+  # went on into the held-out KL and the page).
+  enc, rows, _ = _softmax_encoder()
+  batches = encoders.head_batches(enc, rows, 8, 16, seed=0)
+  poisoned = [dict(b, q=jnp.asarray(b['q']).at[2].set(jnp.nan),
+                   k=jnp.asarray(b['k']).at[2].set(jnp.nan)) for b in batches]
+  settings = study_config.get_config().fit
+  omega0 = fit.initial(method, jax.random.PRNGKey(0), 4, 8, WIDTH // HEADS, settings.radius)
+  with pytest.raises(FloatingPointError) as e:
+    fit.fit(method, jax.random.PRNGKey(1), omega0, poisoned, settings, steps=3)
+  assert str(e.value).startswith(f'{method}: group 2 (layer-major, layer × head) holds '
+                                 'non-finite features after 3 steps')
+  assert str(e.value).endswith(f'Lower config.fit.{fit.STEP_FIELD[method]}.')
+
+
+def test_the_pilot_never_chooses_a_candidate_that_diverged(tmp_path, monkeypatch):
+  from studies.softmax_mimicry import study  # pylint: disable=g-import-not-at-top
+  enc, _, _ = _softmax_encoder()
+  config = study_config.get_config()
+  config.num_features, config.conversion_features = (4,), (4,)
+  config.data.fit_rows, config.data.heldout_rows, config.data.batch_size = 12, 8, 4
+  config.pilot.heldout_rows, config.fit.steps = 8, 2
+  config.pilot.radius, config.pilot.step_size = (8.0,), (0.03, 0.3)
+  config.pilot.flow_step_size, config.pilot.labels_step_size = (0.1,), (0.1,)
+  config.pilot.hedgehog_learning_rate = (1e-2,)
+  real_fit = fit.fit
+
+  def fit_diverging_at_0_03(method, key, omega0, batches, settings, steps):
+    if method == 'particles_softmax' and settings.step_size == 0.03:
+      raise FloatingPointError('particles_softmax: group 0 diverged')
+    return real_fit(method, key, omega0, batches, settings, steps)
+  monkeypatch.setattr(fit, 'fit', fit_diverging_at_0_03)
+  pilot = study.run_pilot(config, enc, str(tmp_path / 'pilot.json'), log=lambda _: None)
+  rows = pilot['scores']['4']['particles_softmax']
+  assert rows[0]['heldout_kl'] is None and 'diverged' in rows[0]['diverged']
+  assert np.isfinite(rows[1]['heldout_kl'])
+  assert pilot['chosen']['4']['step_size'] == 0.3 and 'diverged' not in pilot['chosen']['4']
+  config.pilot.step_size = (0.03,)                  # every candidate diverges: one error
+  with pytest.raises(FloatingPointError, match='every particles_softmax candidate diverged'):
+    study.run_pilot(config, enc, str(tmp_path / 'pilot2.json'), log=lambda _: None)
+  assert not os.path.exists(tmp_path / 'pilot2.json')

@@ -125,3 +125,31 @@ def test_runs_launch_train_as_a_module_with_the_configs_absolute_path(tmp_path):
   assert command[4:] == [f'--workdir={runs[1][0]}', '--config.seed=2',
                          f'--config.data.data_dir={tmp_path}',
                          '--config.data.validation_rule=sentences']
+
+
+def test_a_prefix_root_that_is_not_there_is_refused_before_any_run(tmp_path):
+  # Before: every kernel- and ball- run looked for a prefix there, found none and trained
+  # its Phase B epochs again without a word.
+  import pytest  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from experiments.common import cli  # pylint: disable=g-import-not-at-top
+
+  def commands(prefix_root):
+    fv = flags.FlagValues()
+    grid.define_flags(fv)
+    fv(['grid', '--dataset=rotten_tomatoes', '--variants=kernel-elu', f'--workdir={tmp_path}/w',
+        f'--prefix_root={prefix_root}'])
+    return grid.commands(fv, ['--config.data.data_dir=' + str(tmp_path)])
+  missing = tmp_path / 'old_grid'
+  with pytest.raises(cli.ConfigError) as e:
+    commands(missing)
+  assert str(e.value) == f"--prefix_root: '{missing}' does not exist (expected a folder)."
+  assert not (tmp_path / 'w').exists()
+  (tmp_path / 'a_file').write_text('x')
+  with pytest.raises(cli.ConfigError, match="--prefix_root: .* is a file, not a folder"):
+    commands(tmp_path / 'a_file')
+  missing.mkdir()
+  assert '--config.run.prefix_from=' + grid.run_dir(str(missing), 'rotten_tomatoes',
+                                                    'vanilla-elu', 0) in commands(missing)[0][1]
+  # The grid's own root (its vanilla runs are made here first) need not exist yet.
+  assert len(commands(tmp_path / 'w')) == 1
