@@ -27,7 +27,7 @@ setuptools.setup(
         'numpy>=1.26',
         'ml-collections>=0.1.1',
         'absl-py>=2.0',
-        # coulomb_jax.data: uncased WordPiece trained on the training split (no network
+        # coulomb_jax.tasks.data: uncased WordPiece trained on the training split (no network
         # for bert-base-uncased's vocabulary); a fast, well-kept Rust implementation.
         'tokenizers>=0.23',
     ],
@@ -39,7 +39,7 @@ setuptools.setup(
         # read them (tensorboard --logdir <workdir>/tensorboard).
         'experiments': ['scikit-learn>=1.3', 'matplotlib>=3.7', 'scipy>=1.10',
                         'orbax-checkpoint>=0.11', 'tensorboardX>=2.6', 'tensorboard>=2.14'],
-        # coulomb_jax.tfds_builders / data.load_split(source='tfds'): tfds without tensorflow
+        # coulomb_jax.tasks.data.tfds_builders / data.load_split(source='tfds'): tfds without tensorflow
         # (array_record files); tfds 4.9.10 imports importlib_resources without declaring it.
         'tfds': ['tensorflow-datasets>=4.9.10', 'importlib_resources', 'array_record>=0.5'],
         # nbclient/nbformat/ipykernel execute the Colab notebooks in the test suite;

@@ -13,7 +13,7 @@ each call ended by ``block_until_ready``) of the forward and of forward+backward
 * ``fused``: ``attention.fused_linear_attention(implementation='xla')`` (chunks
   of ``--chunk_size`` tokens, features computed inside each chunk, never stored);
 * ``pallas``: ``fused_linear_attention(implementation='pallas')``: the two
-  kernels of ``coulomb_jax.pallas_attention`` forward, the XLA path under
+  kernels of ``coulomb_jax.attention.pallas`` forward, the XLA path under
   ``grad`` (so its fwd+bwd is the fused one's plus nothing); Pallas interpret
   mode off the GPU, so only meaningful on a GPU (``--impls`` to add it);
 * ``softmax``: ``jax.nn.dot_product_attention(implementation='xla')`` (the L × L logits
@@ -22,7 +22,7 @@ each call ended by ``block_until_ready``) of the forward and of forward+backward
   attention (GPU only, 16-bit inputs; elsewhere the row records the error), skipped
   above ``--cudnn_max_len``;
 * ``causal`` (stored features, then ``attention.causal_linear_attention``) and
-  ``pallas_causal`` (``pallas_attention.pallas_causal_linear_attention``): the
+  ``pallas_causal`` (``pallas.pallas_causal_linear_attention``): the
   causal (decoder) form, for ``--impls`` to add; ``fused_causal``
   (``attention.fused_causal_linear_attention``, the model's causal path, exact at
   any input scale for every map).
@@ -57,12 +57,12 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from benchmarks.timing import median_seconds, paired_ratio
 from coulomb_jax import attention
 from coulomb_jax import features
 from coulomb_jax import langevin
-from coulomb_jax import pallas_attention
-from coulomb_jax.pallas_attention import causal as causal_kernel
-from benchmarks.timing import median_seconds, paired_ratio
+from coulomb_jax.attention import pallas
+from coulomb_jax.attention.pallas import causal as causal_kernel
 from experiments.common import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
@@ -129,7 +129,7 @@ def fused_causal(feature_map, omega, q, k, v):
 
 def pallas_causal(feature_map, omega, q, k, v):
   scale = q.shape[-1] ** -0.25
-  return pallas_attention.pallas_causal_linear_attention(q * scale, k * scale, v, omega,
+  return pallas.pallas_causal_linear_attention(q * scale, k * scale, v, omega,
                                                          feature_map=feature_map)
 
 

@@ -24,9 +24,9 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from benchmarks.timing import median_seconds
 import coulomb_jax as cj
 from coulomb_jax import hamiltonian as hl
-from benchmarks.timing import median_seconds
 from experiments.common import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')

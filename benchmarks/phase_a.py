@@ -33,8 +33,8 @@ import numpy as np
 
 from benchmarks.timing import median_seconds
 from coulomb_jax import hamiltonian
-from coulomb_jax import models
 from coulomb_jax import training
+from coulomb_jax.layers import models
 from experiments.common import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')

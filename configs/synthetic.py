@@ -14,7 +14,7 @@ Hyper-parameters that are not the paper's were set on the validation split only.
 import ml_collections
 
 from configs import common
-from coulomb_jax import synthetic
+from coulomb_jax.tasks import synthetic
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:

@@ -45,18 +45,18 @@ def parse_variant(variant: str):
 def _data(task: str) -> ml_collections.ConfigDict:
   """The data section: which task, where its copy is, how it is cut and padded."""
   c = ml_collections.ConfigDict()
-  # Task name from coulomb_jax.data.TASKS.
+  # Task name from coulomb_jax.tasks.data.TASKS.
   c.task = task
   # Folder with the offline copies (glue/, rotten_tomatoes/); '' = $COULOMB_JAX_DATA, else
   # ../shared/data next to the repository (experiments.run.train_config.data_dir; layout in
-  # coulomb_jax/data/__init__.py). A relative path is read from the current folder.
+  # coulomb_jax/tasks/data/__init__.py). A relative path is read from the current folder.
   c.data_dir = ''
   # Rows held out of train for validation where the task has no labelled validation split.
   c.validation_size = 1000
   # How validation is held out of train (sst2 only has a choice): 'rows' = random rows of
   # the phrase-level train.tsv, most of them phrases of training sentences (a leaky
   # selector); 'sentences' = whole sentences, their own phrases dropped from train, so
-  # validation is as unseen as dev (coulomb_jax.data.sentence_split). 'rows' is the
+  # validation is as unseen as dev (coulomb_jax.tasks.data.sentence_split). 'rows' is the
   # default only so that the earlier grids stay comparable and resumable.
   c.validation_rule = 'rows'
   # Token budget per sequence, [CLS] and [SEP] included (the paper: 128).

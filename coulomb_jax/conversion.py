@@ -59,11 +59,11 @@ from flax import traverse_util
 
 from coulomb_jax import _checks
 from coulomb_jax import features
-from coulomb_jax import flax_attention
 from coulomb_jax import langevin
 from coulomb_jax import mimicry
-from coulomb_jax import models
 from coulomb_jax import repulsion
+from coulomb_jax.layers import flax_attention
+from coulomb_jax.layers import models
 
 FIT_METHODS = ('particles', 'gradient_flow', 'hedgehog')
 """How ``fit_features`` moves the features (module docstring)."""

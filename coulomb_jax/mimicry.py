@@ -47,11 +47,11 @@ import numpy as np
 import optax
 
 from coulomb_jax import _checks
-from coulomb_jax import attention_core
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
 from coulomb_jax import repulsion
+from coulomb_jax.attention import xla
 
 def __getattr__(attr):
   """``MIMICRY_FEATURE_MAPS``: the maps the mimicry functions accept, read from the registry
@@ -208,14 +208,14 @@ def _log_softmax_weights(q, k, key_mask):
 
 def linear_attention_weights(phi_q: jax.Array, phi_k: jax.Array,
                              key_mask: Optional[jax.Array] = None, *,
-                             eps: float = attention_core.DEFAULT_EPS) -> jax.Array:
+                             eps: float = xla.DEFAULT_EPS) -> jax.Array:
   r"""A_lin[i, j] = φ(q_i)ᵀφ(k_j) / max(Σ_{j' real} φ(q_i)ᵀφ(k_{j'}), eps), ``[..., L_q, L_k]``.
 
   ``phi_q: [..., L_q, F]``, ``phi_k: [..., L_k, F]`` non-negative features (already
   computed); masked keys are excluded from the sum and get weight 0.
   """
   _check_qk(phi_q, phi_k, key_mask)
-  attention_core.check_eps(eps)
+  xla.check_eps(eps)
   phi_q, phi_k, mask, _ = _prepare(phi_q, phi_k, key_mask)
   kern = jnp.where(mask[..., None, :], jnp.einsum('...qf,...kf->...qk', phi_q, phi_k), 0.0)
   return kern / jnp.maximum(jnp.sum(kern, axis=-1, keepdims=True), eps)

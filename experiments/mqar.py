@@ -3,7 +3,7 @@ r"""Multi-query associative recall (MQAR): one causal-LM run, or a grid of them.
   python -m experiments.mqar --config=configs/mqar.py:particles_softmax --workdir=workdir/mqar/one
   python -m experiments.mqar --config=configs/mqar.py --grid=main --workdir=workdir/mqar/main
 
-One run trains ``coulomb_jax.lm.CausalLM`` with the attention method of ``config.method``
+One run trains ``coulomb_jax.layers.lm.CausalLM`` with the attention method of ``config.method``
 (``experiments/recall/methods.py``) and writes ``<workdir>/result.json``
 (``experiments/recall/run.py``). With ``--grid``, every run of the plan
 (``experiments/recall/grid.py``) goes to ``<workdir>/<run name>/``; start one worker per

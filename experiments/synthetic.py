@@ -7,7 +7,7 @@ or, from any folder, ``python path/to/experiments/synthetic.py
 field or variant ends in one line with the suggestion (``experiments.common.cli``).
 
 For every noise level σ and seed it draws train / validation / test sets
-(``coulomb_jax.synthetic``) and evaluates:
+(``coulomb_jax.tasks.synthetic``) and evaluates:
 
 * ``logreg``: L2 logistic regression on raw x;
 * ``rbf_svm``: an SVM with the RBF kernel, γ = 0.5;
@@ -47,7 +47,7 @@ from ml_collections import config_flags
 
 from coulomb_jax import checks
 from coulomb_jax import repulsion
-from coulomb_jax import synthetic
+from coulomb_jax.tasks import synthetic
 from experiments.analysis import loading
 from experiments.common import cli
 from experiments.common import outputs

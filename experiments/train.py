@@ -17,7 +17,7 @@ the code:
    ``fingerprint.json``) differs from the files now on disk, is refused with the
    changed files named; a workdir another process is using (``lock``, held with
    ``fcntl.flock`` for the run's lifetime, released by the OS if it is killed) too;
-2. loads the task's splits (``coulomb_jax.data``) from ``data_dir(config)``
+2. loads the task's splits (``coulomb_jax.tasks.data``) from ``data_dir(config)``
    (``config.data.data_dir``, else ``$COULOMB_JAX_DATA``, else ``../shared/data``
    next to the repository), trains (or reloads) the WordPiece tokenizer in
    ``workdir``, and encodes;

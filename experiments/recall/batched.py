@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax.training import train_state
 
-from coulomb_jax import lm
-from coulomb_jax import mqar
 from coulomb_jax import training
+from coulomb_jax.layers import lm
+from coulomb_jax.tasks import mqar
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.recall import grid as grid_lib

@@ -43,7 +43,7 @@ import optax
 
 from coulomb_jax import features
 from coulomb_jax import langevin
-from coulomb_jax import lm
+from coulomb_jax.layers import lm
 
 METHODS = ('softmax', 'elu', 'taylor', 'favor_orthogonal', 'hedgehog', 'hedgehog_distilled',
            'particles_softmax', 'particles_flow', 'softmaxfeat_trained')

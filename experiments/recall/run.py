@@ -40,11 +40,11 @@ from flax import serialization
 from coulomb_jax import checks
 from coulomb_jax import diagnostics
 from coulomb_jax import langevin_diagnostics
-from coulomb_jax import lm
 from coulomb_jax import mimicry
-from coulomb_jax import models
-from coulomb_jax import mqar
 from coulomb_jax import training
+from coulomb_jax.layers import lm
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import mqar
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.recall import methods

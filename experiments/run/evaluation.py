@@ -9,8 +9,8 @@ steps read), on a fixed ``subset`` of rows where a stage asks for one.
 
 import numpy as np
 
-from coulomb_jax import data
 from coulomb_jax import metrics as metrics_lib
+from coulomb_jax.tasks import data
 
 
 def subset(encoded, size, seed=0):

@@ -9,14 +9,10 @@ level: ``WorkdirBusy``, the error of a folder in use, and the names of
 file and results.json of the folder carries).
 """
 
-import datetime
-import fcntl
 import functools
 import json
 import os
 import shutil
-import socket
-import time
 from typing import Optional
 
 import jax
@@ -24,7 +20,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from coulomb_jax import data
+from coulomb_jax.tasks import data
 from experiments.common import cli
 from experiments.common import outputs
 from experiments.common import provenance
@@ -33,8 +29,9 @@ from experiments.run import run_identity
 from experiments.run import sharding
 from experiments.run import summaries
 from experiments.run import train_config
+from experiments.run import workdir_lock
 
-LOCK = 'lock'
+LOCK = workdir_lock.LOCK
 CONFIG = run_identity.CONFIG
 FINGERPRINT = run_identity.FINGERPRINT
 TOKENIZER = run_identity.TOKENIZER
@@ -70,39 +67,7 @@ def _check_history(path):
                             'restore it or use a new workdir.') from None
 
 
-class WorkdirBusy(cli.ConfigError):
-  """Another process holds the workdir's lock."""
-
-
-# The workdirs this process holds (realpath → the open lock file; None on processes > 0).
-_HELD = {}
-
-
-def _flock(workdir):
-  """Takes ``<workdir>/lock`` with ``fcntl.flock`` and writes the holder's name in it."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, LOCK)
-  f = open(path, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
-  try:
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except OSError:
-    holder = ''
-    for _ in range(20):                     # The holder may not have written its name yet.
-      f.seek(0)
-      holder = f.read().strip()
-      if holder:
-        break
-      time.sleep(0.05)
-    f.close()
-    raise WorkdirBusy(f'workdir {workdir!r} is in use by {holder or "another process"} '
-                      f'(lock {path}); wait for that run to end, or use another workdir.'
-                      ) from None
-  f.seek(0)
-  f.truncate()
-  f.write(f'pid {os.getpid()} on host {socket.gethostname()} since '
-          f'{datetime.datetime.now().astimezone().isoformat(timespec="seconds")}\n')
-  f.flush()
-  return f
+WorkdirBusy = workdir_lock.WorkdirBusy
 
 
 class RunFolder:
@@ -161,7 +126,7 @@ class RunFolder:
   @property
   def held(self) -> bool:
     """Whether this process holds the folder's lock (``lock``)."""
-    return os.path.realpath(self.path) in _HELD
+    return workdir_lock.held(self.path)
 
   def lock(self) -> bool:
     """Takes ``<workdir>/lock`` for this process (process 0 for a multi-process job).
@@ -169,33 +134,13 @@ class RunFolder:
     ``fcntl.flock``: held until ``release`` or the process ends, however it ends (a
     killed run leaves no stale lock). Raises ``WorkdirBusy`` naming the holder if
     another process has it; returns False if this process already held it, True if it
-    took it now.
+    took it now (``workdir_lock.take``).
     """
-    key = os.path.realpath(self.path)
-    if key in _HELD:
-      return False
-    error, held = None, None
-    if self.chief:
-      try:
-        held = _flock(self.path)
-      except WorkdirBusy as e:
-        error = e
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      if int(multihost_utils.broadcast_one_to_all(np.int32(error is not None))) and not error:
-        error = WorkdirBusy(f'workdir {self.path!r} is in use by another run (process 0 '
-                            'names it).')
-    if error:
-      raise error
-    _HELD[key] = held
-    return True
+    return workdir_lock.take(self.path, self.chief)
 
   def release(self) -> None:
     """Lets go of the lock (nothing if this process does not hold it)."""
-    f = _HELD.pop(os.path.realpath(self.path), None)
-    if f is not None:
-      fcntl.flock(f, fcntl.LOCK_UN)
-      f.close()
+    workdir_lock.release(self.path)
 
   def __enter__(self):
     self._release_on_exit.append(not self.held)

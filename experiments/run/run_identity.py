@@ -27,7 +27,7 @@ from typing import Optional
 
 from absl import logging
 
-from coulomb_jax import data
+from coulomb_jax.tasks import data
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.run import checkpoints

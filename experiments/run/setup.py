@@ -12,10 +12,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from coulomb_jax import data
 from coulomb_jax import langevin_diagnostics as ld
-from coulomb_jax import models
 from coulomb_jax import training
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import data
 from experiments.common import cli
 from experiments.common import progress
 from experiments.run import checkpoints
@@ -142,7 +142,7 @@ def _open_folder(config, folder: run_folder.RunFolder, meta: dict,
     folder.copy_tokenizer(config.run.prefix_from)   # The prefix's own.
   try:
     encoded, vocab_size = load_data(config, folder)
-  except (ValueError, FileNotFoundError) as e:   # Bad data: named by coulomb_jax.data.
+  except (ValueError, FileNotFoundError) as e:   # Bad data: named by coulomb_jax.tasks.data.
     raise cli.ConfigError(str(e)) from None
   return folder.with_tokenizer(config, fingerprint), sessions, encoded, vocab_size
 

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-from coulomb_jax import data
 from coulomb_jax import langevin
 from coulomb_jax import training
+from coulomb_jax.tasks import data
 
 
 f32 = lambda v: jnp.asarray(v, jnp.float32)

@@ -16,10 +16,10 @@ import os
 
 import ml_collections
 
-from coulomb_jax import data
 from coulomb_jax import features
-from coulomb_jax import models
 from coulomb_jax import training
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import data
 from experiments.common import cli
 from experiments.common import provenance
 
@@ -105,7 +105,7 @@ def _check_data(config) -> None:
              f'({DEFAULT_DATA_DIR})')
     raise cli.ConfigError(f'config.data.data_dir: not set, and {where} is not a folder; set '
                           f'--config.data.data_dir=FOLDER or {DATA_ENV}=FOLDER (layout: '
-                          'coulomb_jax/data/__init__.py).')
+                          'coulomb_jax/tasks/data/__init__.py).')
   if d.vocab_file and not os.path.isfile(d.vocab_file):
     _fail('data.vocab_file', d.vocab_file, "'' or an existing vocab.txt")
   _positive_int('data.validation_size', d.validation_size)

@@ -1,6 +1,6 @@
 r"""The methods of the synthetic study, fitted and scored on one (σ, seed) cell.
 
-``run_cell`` draws a cell's train / validation / test sets (``coulomb_jax.synthetic``)
+``run_cell`` draws a cell's train / validation / test sets (``coulomb_jax.tasks.synthetic``)
 and runs every method of ``config.methods`` on them (``experiments/synthetic.py``'s
 docstring says what each is): the baselines (``logreg``, ``rbf_svm``, ``mkl``) and,
 per feature budget N, the feature maps (``rff``, ``importance``, ``coulomb``), each
@@ -19,8 +19,8 @@ from sklearn import metrics
 from sklearn import svm
 
 import coulomb_jax as cj
-from coulomb_jax import importance_sampling
-from coulomb_jax import synthetic
+from coulomb_jax.baselines import importance_sampling
+from coulomb_jax.tasks import synthetic
 from experiments.study import tables
 
 METHODS = ('logreg', 'rbf_svm', 'mkl', 'rff', 'importance', 'coulomb')

@@ -50,9 +50,9 @@ from flax import traverse_util
 from flax.training import train_state
 
 from coulomb_jax import conversion
-from coulomb_jax import lm
-from coulomb_jax import mqar
 from coulomb_jax import training
+from coulomb_jax.layers import lm
+from coulomb_jax.tasks import mqar
 from experiments.analysis import loading
 from experiments.common import cli
 from experiments.common import provenance

@@ -40,9 +40,9 @@ import numpy as np
 from flax import traverse_util
 
 from configs import text as text_config
-from coulomb_jax import data
 from coulomb_jax import langevin
 from coulomb_jax import training
+from coulomb_jax.tasks import data
 from experiments.common import cli
 from experiments.common import outputs
 from experiments.common import provenance

@@ -25,9 +25,9 @@ import numpy as np
 import optax
 
 from coulomb_jax import conversion as lib_conversion
-from coulomb_jax import data
 from coulomb_jax import metrics as metrics_lib
 from coulomb_jax import training
+from coulomb_jax.tasks import data
 
 METRICS = ('accuracy', 'log_loss', 'ece')
 

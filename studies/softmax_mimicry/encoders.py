@@ -21,11 +21,11 @@ import ml_collections
 import numpy as np
 
 from coulomb_jax import conversion
-from coulomb_jax import data
-from coulomb_jax import models
-from experiments.run import setup as run_setup
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import data
 from experiments.common import cli
 from experiments.run import run_folder
+from experiments.run import setup as run_setup
 from experiments.run import train_config
 
 

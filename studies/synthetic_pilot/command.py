@@ -24,7 +24,7 @@ from ml_collections import config_flags
 import numpy as np
 
 import coulomb_jax as cj
-from coulomb_jax import synthetic
+from coulomb_jax.tasks import synthetic
 from experiments.common import cli
 from experiments.common import outputs
 from experiments.common import provenance

@@ -8,7 +8,7 @@ same schema as a ``results.json`` of ``experiments.train`` where it makes sense
 ``coulomb_jax.metrics``, ``train_seconds``, command, commit, machine), and next
 to it ``<task>_predictions_test.npz`` (``labels``, ``probs`` = P(class 1) per
 test example: what ``experiments.report`` draws the reliability diagrams from).
-Splits are those of ``coulomb_jax.data.load_split`` (the same validation rows
+Splits are those of ``coulomb_jax.tasks.data.load_split`` (the same validation rows
 as the neural runs). Choices:
 
 * ``TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2)``, fitted
@@ -41,8 +41,8 @@ from scipy import sparse
 from sklearn import feature_extraction
 from sklearn import linear_model
 
-from coulomb_jax import data
 from coulomb_jax import metrics as metrics_lib
+from coulomb_jax.tasks import data
 from experiments.analysis import loading
 from experiments.common import cli
 from experiments.common import outputs

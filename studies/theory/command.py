@@ -27,7 +27,7 @@ import numpy as np
 import coulomb_jax as cj
 from coulomb_jax import diagnostics
 from coulomb_jax import hamiltonian as hl
-from coulomb_jax import synthetic
+from coulomb_jax.tasks import synthetic
 from experiments.analysis import plots
 from experiments.common import cli
 from experiments.common import outputs

@@ -14,7 +14,7 @@ import pytest
 
 from coulomb_jax import attention
 from coulomb_jax import features
-from coulomb_jax import pallas_attention
+from coulomb_jax.attention import pallas
 
 B, L, H, D, DIM, N = 2, 11, 3, 4, 5, 16
 
@@ -290,12 +290,12 @@ def test_every_path_is_the_exact_kernel_ratio_at_norms_1_8_40(name):
       'fused': lambda *a: attention.fused_linear_attention(
           *a, feature_map=name, key_mask=mask, chunk_size=5, implementation='xla'),
   }
-  if name in pallas_attention.PALLAS_FEATURE_MAPS:  # not hedgehog ('auto' takes XLA for it)
+  if name in pallas.PALLAS_FEATURE_MAPS:  # not hedgehog ('auto' takes XLA for it)
     # Interpret mode on every host: these sizes (d = 8) are below Triton's 16.
-    paths['pallas'] = lambda *a: pallas_attention.pallas_linear_attention(
+    paths['pallas'] = lambda *a: pallas.pallas_linear_attention(
         *a, feature_map=name, key_mask=mask, interpret=True)
-  if name in pallas_attention.TPU_FEATURE_MAPS:   # the Mosaic kernels, interpreted
-    paths['pallas_tpu'] = lambda *a: pallas_attention.tpu.tpu_kernels(
+  if name in pallas.TPU_FEATURE_MAPS:   # the Mosaic kernels, interpreted
+    paths['pallas_tpu'] = lambda *a: pallas.tpu.tpu_kernels(
         *a, mask, name=name, eps=attention.DEFAULT_EPS, interpret=True, precision=None)
   real = np.asarray(mask)[:, :, None, None]
   # Float32 rounding of log-features of size ~‖x‖²/2 (favor, porf_softplus) moves the
@@ -326,8 +326,8 @@ def test_causal_paths_against_the_exact_causal_ratio(name):
   real = np.asarray(mask)[:, :, None, None]
   outs = {'materialized': attention.materialized_causal_attention(
       q, k, v, omega, feature_map=name, key_mask=mask)}
-  if name in pallas_attention.PALLAS_FEATURE_MAPS:
-    outs['pallas'] = pallas_attention.pallas_causal_linear_attention(
+  if name in pallas.PALLAS_FEATURE_MAPS:
+    outs['pallas'] = pallas.pallas_causal_linear_attention(
         q, k, v, omega, feature_map=name, key_mask=mask, chunk_size=4, block_f=16,
         interpret=True)
   tol = 1e-6 * (2.0 + 0.4 * np.square(NORMS))

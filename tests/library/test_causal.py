@@ -17,9 +17,9 @@ import pytest
 
 from coulomb_jax import attention
 from coulomb_jax import features
-from coulomb_jax import lm
-from coulomb_jax import models
-from coulomb_jax import pallas_attention
+from coulomb_jax.attention import pallas
+from coulomb_jax.layers import lm
+from coulomb_jax.layers import models
 
 B, L, H, D, DV, M = 2, 12, 2, 8, 4, 16
 CUTS = (3, 7)            # outputs at positions <= t are compared
@@ -50,8 +50,8 @@ def _paths(name):
       'fused_c5': functools.partial(attention.fused_causal_linear_attention, chunk_size=5),
       'materialized': attention.materialized_causal_attention,
   }
-  if name in pallas_attention.PALLAS_FEATURE_MAPS:
-    out['pallas'] = functools.partial(pallas_attention.pallas_causal_linear_attention,
+  if name in pallas.PALLAS_FEATURE_MAPS:
+    out['pallas'] = functools.partial(pallas.pallas_causal_linear_attention,
                                       chunk_size=4, block_f=16, interpret=True)
   return out
 

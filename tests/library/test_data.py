@@ -1,4 +1,4 @@
-"""Tests of coulomb_jax.data: splits, tokenizer, encoding, batches.
+"""Tests of coulomb_jax.tasks.data: splits, tokenizer, encoding, batches.
 
 The split tests read the offline data copy (``COULOMB_DATA_DIR``, by default
 ``../shared/data`` next to the repository) and are skipped when it is missing.
@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from coulomb_jax import data
-from coulomb_jax.data import tokenizer
+from coulomb_jax.tasks import data
+from coulomb_jax.tasks.data import tokenizer
 
 DATA_DIR = os.environ.get(
     'COULOMB_DATA_DIR',

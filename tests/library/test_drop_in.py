@@ -15,9 +15,9 @@ import numpy as np
 import optax
 import pytest
 
-from coulomb_jax import flax_attention
-from coulomb_jax import models
 from coulomb_jax import training
+from coulomb_jax.layers import flax_attention
+from coulomb_jax.layers import models
 
 B, L, H, DH, M = 2, 10, 2, 4, 8
 E = H * DH

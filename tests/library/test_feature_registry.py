@@ -11,8 +11,8 @@ import pytest
 from coulomb_jax import attention
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
-from coulomb_jax import models
-from coulomb_jax import pallas_attention
+from coulomb_jax.attention import pallas
+from coulomb_jax.layers import models
 
 COPY = 'elu_copy_for_tests'
 
@@ -21,7 +21,7 @@ COPY = 'elu_copy_for_tests'
 def elu_copy():
   features.register(COPY, log_psi=features.get('elu').log_psi, replace=True)
   yield
-  features._REGISTRY.pop(COPY, None)   # pylint: disable=protected-access
+  features.registry._REGISTRY.pop(COPY, None)   # pylint: disable=protected-access
 
 
 def _qkv(key=0, b=2, length=12, h=2, d=8):
@@ -103,9 +103,9 @@ def test_the_label_hamiltonian_takes_a_registered_map():
 def test_the_kernels_run_only_the_maps_they_know():
   q, k, v = _qkv(length=16, d=16)
   omega = jax.random.normal(jax.random.key(8), (2, 64, 16))
-  assert COPY not in pallas_attention.PALLAS_FEATURE_MAPS
-  assert not pallas_attention.shape_supported(q.shape, v.shape, omega.shape, COPY)
-  assert pallas_attention.shape_supported(q.shape, v.shape, omega.shape, 'elu')
+  assert COPY not in pallas.PALLAS_FEATURE_MAPS
+  assert not pallas.shape_supported(q.shape, v.shape, omega.shape, COPY)
+  assert pallas.shape_supported(q.shape, v.shape, omega.shape, 'elu')
   with pytest.raises(ValueError, match=f'feature_map must be one of .*got {COPY!r}'):
     attention.fused_linear_attention(q, k, v, omega, feature_map=COPY,
                                      implementation='pallas')
@@ -120,7 +120,7 @@ def test_the_kernels_run_only_the_maps_they_know():
 
 @pytest.mark.slow
 def test_the_mimicry_hamiltonian_and_the_drop_in_take_the_copy_bit_for_bit():
-  from coulomb_jax import flax_attention  # pylint: disable=g-import-not-at-top
+  from coulomb_jax.layers import flax_attention  # pylint: disable=g-import-not-at-top
   from coulomb_jax import mimicry  # pylint: disable=g-import-not-at-top
   assert COPY in mimicry.MIMICRY_FEATURE_MAPS
   q, k, v = _qkv()

@@ -1,4 +1,4 @@
-"""Tests of coulomb_jax.importance_sampling: the χ²-ball LP, features, resampling, bad input.
+"""Tests of coulomb_jax.baselines.importance_sampling: the χ²-ball LP, features, resampling, bad input.
 
 The value tests of ``ImportanceSamplingVariantsTest`` run as ``chex.variants`` with and
 without jit; with ``COULOMB_JAX_TEST_PMAP=1`` (and several CPU devices) they run under
@@ -16,7 +16,7 @@ import optax
 import pytest
 from scipy import optimize
 
-from coulomb_jax import importance_sampling as isl
+from coulomb_jax.baselines import importance_sampling as isl
 
 _PMAP = os.environ.get('COULOMB_JAX_TEST_PMAP') == '1'
 variants = chex.variants(with_jit=not _PMAP, without_jit=not _PMAP, with_pmap=_PMAP)

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from coulomb_jax import lm
-from coulomb_jax import mqar
+from coulomb_jax.layers import lm
+from coulomb_jax.tasks import mqar
 
 V, L, T = 32, 12, 7                        # vocabulary, length, the bad position
 TOKENS = jax.random.randint(jax.random.key(1), (2, L), 1, V)       # [B, L]

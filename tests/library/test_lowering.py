@@ -4,7 +4,7 @@ for ``cuda`` and ``tpu`` without a device
 the attention kernels are chosen by the platform lowered for, not the host: ``'auto'``
 is Triton for cuda and XLA for cpu and tpu; the Pallas kernels (``interpret=None``)
 are Triton for cuda, interpreted for cpu, and for tpu the Mosaic kernels
-(``pallas_attention.tpu``: bidirectional, six maps) or a one-line ValueError (softmaxfeat,
+(``pallas.tpu``: bidirectional, six maps) or a one-line ValueError (softmaxfeat,
 the causal kernel); shapes Triton cannot compile are refused before lowering;
 ``precision`` reaches every product, of the attention paths, the Hamiltonians, the Phase A
 steps and the sharded Langevin step.
@@ -24,10 +24,10 @@ import pytest
 import coulomb_jax as cj
 from coulomb_jax import attention
 from coulomb_jax import hamiltonian as hl
-from coulomb_jax import lm
 from coulomb_jax import mimicry
-from coulomb_jax import models
-from coulomb_jax import pallas_attention
+from coulomb_jax.attention import pallas
+from coulomb_jax.layers import lm
+from coulomb_jax.layers import models
 
 PLATFORMS = ('cuda', 'tpu')
 ON_CPU = jax.default_backend() == 'cpu'    # where "run here" means the XLA / interpret path
@@ -130,7 +130,7 @@ def test_entry_point_lowers(entry, platform):
 
 def test_pallas_forward_lowers_to_a_triton_call_for_cuda():
   q, omega = jnp.ones((1, 32, 2, 16)), 0.1 * jnp.ones((2, 16, 16))
-  f = lambda q, om: pallas_attention.pallas_linear_attention(
+  f = lambda q, om: pallas.pallas_linear_attention(
       q, q, q, om, feature_map='favor', interpret=False)
   assert '__gpu$xla.gpu.triton' in _lower(f, q, omega, platform='cuda')
 
@@ -138,7 +138,7 @@ def test_pallas_forward_lowers_to_a_triton_call_for_cuda():
 @pytest.mark.parametrize('masked', [False, True])
 def test_auto_takes_the_kernels_by_the_lowering_platform_not_the_host(masked):
   from coulomb_jax import attention  # pylint: disable=g-import-not-at-top
-  from coulomb_jax import attention_core  # pylint: disable=g-import-not-at-top
+  from coulomb_jax.attention import xla  # pylint: disable=g-import-not-at-top
   q = 0.5 * jax.random.normal(jax.random.key(0), (1, 32, 2, 16))
   omega = jax.random.normal(jax.random.key(1), (2, 64, 16))
   mask = (jnp.arange(32)[None] < 20) if masked else None
@@ -147,8 +147,8 @@ def test_auto_takes_the_kernels_by_the_lowering_platform_not_the_host(masked):
   assert '__gpu$xla.gpu.triton' in lowered['cuda']
   assert 'triton' not in lowered['tpu'] and 'triton' not in lowered['cpu']
   # Run on a CPU host, 'auto' is the XLA path exactly.
-  want = attention_core.xla_fused_linear_attention(q, q, q, omega, feature_map='favor',
-                                                   key_mask=mask)
+  want = xla.xla_fused_linear_attention(q, q, q, omega, feature_map='favor',
+                                        key_mask=mask)
   if ON_CPU:
     assert jnp.array_equal(jax.jit(f)(q, omega), want)
   # A shape the kernels do not take (head dim 8) is XLA for every platform.
@@ -178,9 +178,9 @@ def test_causal_auto_is_the_kernel_for_cuda_and_xla_for_cpu_and_tpu():
   for platform in ('cpu', 'tpu'):
     assert 'triton' not in _lower(CAUSAL_AUTO, q, omega, platform=platform)
   # Run on a CPU host, 'auto' is the XLA path exactly, and the default ('xla') is the same.
-  xla = attention.fused_causal_linear_attention(q, q, q, omega)
+  on_xla = attention.fused_causal_linear_attention(q, q, q, omega)
   if ON_CPU:
-    assert jnp.array_equal(jax.jit(CAUSAL_AUTO)(q, omega), xla)
+    assert jnp.array_equal(jax.jit(CAUSAL_AUTO)(q, omega), on_xla)
   # A shape the kernel does not take (M = 32, or head dim 8) is XLA for cuda too.
   assert 'triton' not in _lower(CAUSAL_AUTO, q, omega[:, :32], platform='cuda')
   assert 'triton' not in _lower(CAUSAL_AUTO, q[..., :8], omega[..., :8], platform='cuda')
@@ -213,7 +213,7 @@ def test_pallas_is_compiled_for_cuda_and_interpreted_for_cpu(path):
 
 def test_pallas_bidirectional_is_the_mosaic_kernels_for_tpu():
   q, omega = _qo()
-  for name in pallas_attention.TPU_FEATURE_MAPS:
+  for name in pallas.TPU_FEATURE_MAPS:
     text = _lower(PALLAS['bidirectional'](name), q, omega, platform='tpu')
     assert text.count('tpu_custom_call') == 2 and 'triton' not in text, name
   bf16 = _lower(PALLAS['bidirectional']('favor'), q.astype(jnp.bfloat16), omega,
@@ -234,7 +234,7 @@ def test_pallas_without_a_tpu_kernel_is_one_error_for_tpu(path, name, why):
 
 def test_interpret_explicit_overrides_the_platform():
   q, omega = _qo()
-  call = lambda interpret: lambda q, om: pallas_attention.pallas_linear_attention(
+  call = lambda interpret: lambda q, om: pallas.pallas_linear_attention(
       q, q, q, om, interpret=interpret)
   assert 'triton' not in _lower(call(True), q, omega, platform='cuda', abstract_gpu=False)
   assert 'triton' not in _lower(call(True), q, omega, platform='tpu')
@@ -261,25 +261,25 @@ def test_shapes_triton_cannot_compile_are_refused_before_lowering(what, dim, kwa
   rule = named + r' must be a power of two >= 16 for the compiled \(Triton\) kernels'
   with pytest.raises(ValueError, match=r"^pallas_linear_attention\(feature_map='favor'\): "
                      + rule):
-    pallas_attention.pallas_linear_attention(q, q, q, omega, interpret=False, **kwargs)
-  f = lambda q, om: pallas_attention.pallas_linear_attention(q, q, q, om, **kwargs)
+    pallas.pallas_linear_attention(q, q, q, omega, interpret=False, **kwargs)
+  f = lambda q, om: pallas.pallas_linear_attention(q, q, q, om, **kwargs)
   with pytest.raises(ValueError, match=rule + r'.*\(lowering for cuda\)'):
     _lower(f, q, omega, platform='cuda')
   assert 'triton' not in _lower(f, q, omega, platform='cpu')   # interpret mode: any size
-  assert not pallas_attention.shape_supported(q.shape, q.shape, (2, 8, dim), 'favor')
+  assert not pallas.shape_supported(q.shape, q.shape, (2, 8, dim), 'favor')
 
 
 def test_causal_shapes_triton_cannot_compile_are_refused():
   q, omega = _qo(16)
   with pytest.raises(ValueError, match=r"^pallas_causal_linear_attention\(feature_map='elu'\): "
                                        r'chunk_size = 8 must be a power of two >= 16'):
-    pallas_attention.pallas_causal_linear_attention(q, q, q, omega, feature_map='elu',
-                                                    chunk_size=8, interpret=False)
+    pallas.pallas_causal_linear_attention(q, q, q, omega, feature_map='elu',
+                                          chunk_size=8, interpret=False)
   q8, omega8 = _qo(8)
   with pytest.raises(ValueError, match=r'the head dim d of q = 8 must be a power of two'):
-    pallas_attention.pallas_causal_linear_attention(q8, q8, q8, omega8, interpret=False)
-  assert not pallas_attention.shape_supported(q8.shape, q8.shape, omega8.shape, 'favor')
-  assert pallas_attention.shape_supported(q.shape, q.shape, omega.shape, 'favor')
+    pallas.pallas_causal_linear_attention(q8, q8, q8, omega8, interpret=False)
+  assert not pallas.shape_supported(q8.shape, q8.shape, omega8.shape, 'favor')
+  assert pallas.shape_supported(q.shape, q.shape, omega.shape, 'favor')
 
 
 def _dot_precisions(jaxpr):
@@ -317,15 +317,15 @@ def test_platform_choice_under_vmap():
   # vmap batches every branch of the platform switch, the refusals included.
   q, omega = _qo()
   qs = jnp.stack([q, 2.0 * q])                                 # [2, B, L, H, d]
-  f = jax.vmap(lambda q: pallas_attention.pallas_linear_attention(q, q, q, omega,
-                                                                  feature_map='elu'))
+  f = jax.vmap(lambda q: pallas.pallas_linear_attention(q, q, q, omega,
+                                                        feature_map='elu'))
   want = jax.vmap(lambda q: attention.fused_linear_attention(
       q, q, q, omega, feature_map='elu', implementation='xla'))(qs)
   if ON_CPU:
     assert jnp.allclose(jax.jit(f)(qs), want, rtol=2e-5, atol=2e-6)
   assert '__gpu$xla.gpu.triton' in _lower(f, qs, platform='cuda')
   assert 'tpu_custom_call' in _lower(f, qs, platform='tpu')
-  soft = jax.vmap(lambda q: pallas_attention.pallas_linear_attention(
+  soft = jax.vmap(lambda q: pallas.pallas_linear_attention(
       q, q, q, omega, feature_map='softmaxfeat'))
   with pytest.raises(ValueError, match='no TPU kernel'):
     _lower(soft, qs, platform='tpu')

@@ -1,4 +1,4 @@
-"""Tests of coulomb_jax.mimicry and coulomb_jax.flax_attention (softmax mimicry)."""
+"""Tests of coulomb_jax.mimicry and coulomb_jax.layers.flax_attention (softmax mimicry)."""
 
 import flax.linen as nn
 import jax
@@ -8,9 +8,9 @@ import pytest
 from jax import test_util
 
 import coulomb_jax as cj
-from coulomb_jax import flax_attention as fa
 from coulomb_jax import mimicry as mm
-from coulomb_jax import models
+from coulomb_jax.layers import flax_attention as fa
+from coulomb_jax.layers import models
 
 L, D, M = 5, 4, 8
 

@@ -19,16 +19,16 @@ import optax
 import pytest
 from flax import traverse_util
 
-from coulomb_jax import flax_attention
 from coulomb_jax import langevin
 from coulomb_jax import langevin_diagnostics
-from coulomb_jax import lm
 from coulomb_jax import mimicry
-from coulomb_jax import models
-from coulomb_jax import mqar
-from coulomb_jax import phase_a_mimicry
 from coulomb_jax import repulsion
 from coulomb_jax import training
+from coulomb_jax.layers import flax_attention
+from coulomb_jax.layers import lm
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import mqar
+from coulomb_jax.training import phase_a_mimicry
 
 # ----------------------------------------------------------------------------- frozen: lm
 

@@ -1,4 +1,4 @@
-"""Tests of coulomb_jax.models.KernelAttention."""
+"""Tests of coulomb_jax.layers.models.KernelAttention."""
 
 import chex
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from coulomb_jax import models
+from coulomb_jax.layers import models
 
 B, L, E, H, M = 2, 9, 8, 2, 16
 

@@ -1,4 +1,4 @@
-"""MQAR generator (coulomb_jax.mqar) and the small causal LM (coulomb_jax.lm)."""
+"""MQAR generator (coulomb_jax.tasks.mqar) and the small causal LM (coulomb_jax.layers.lm)."""
 
 import functools
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from coulomb_jax import lm
-from coulomb_jax import mqar
+from coulomb_jax.layers import lm
+from coulomb_jax.tasks import mqar
 
 V, L, P = 64, 32, 4
 
@@ -228,7 +228,7 @@ def test_langevin_on_the_mimicry_force_lowers_the_attention_cross_entropy():
 @pytest.mark.slow
 @pytest.mark.parametrize('feature_map', ['favor', 'elu', 'softmaxfeat'])
 def test_materialized_causal_path_equals_the_fused_one(feature_map):
-  from coulomb_jax import models  # pylint: disable=g-import-not-at-top
+  from coulomb_jax.layers import models  # pylint: disable=g-import-not-at-top
   x = jax.random.normal(jax.random.key(0), (2, 12, 8))
   mask = jnp.arange(12)[None, :] < jnp.array([[12], [7]])
   fused = models.KernelAttention(2, feature_map, 6, qk_mode='projected', causal=True,

@@ -14,9 +14,9 @@ import optax
 import pytest
 from flax import traverse_util
 
-from coulomb_jax import flax_attention
-from coulomb_jax import models
 from coulomb_jax import training
+from coulomb_jax.layers import flax_attention
+from coulomb_jax.layers import models
 
 B, L, E, H, M, V = 8, 6, 16, 2, 8, 20
 

@@ -1,4 +1,4 @@
-"""Tests of coulomb_jax.pallas_attention: interpret mode on CPU, the kernels on a GPU.
+"""Tests of coulomb_jax.attention.pallas: interpret mode on CPU, the kernels on a GPU.
 
 The kernels are checked against the XLA path (``fused_linear_attention(...,
 implementation='xla')``, itself checked against the explicit O(L²) form in
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from coulomb_jax import attention
-from coulomb_jax import pallas_attention as pa
-from coulomb_jax.pallas_attention import bidirectional
-from coulomb_jax.pallas_attention import causal
-from coulomb_jax.pallas_attention import tpu
+from coulomb_jax.attention import pallas as pa
+from coulomb_jax.attention.pallas import bidirectional
+from coulomb_jax.attention.pallas import causal
+from coulomb_jax.attention.pallas import tpu
 
 B, L, H, DIM, D, M = 2, 45, 2, 16, 16, 32   # Sides ≥ 16: Triton's smallest dot.
 HIGHEST = jax.lax.Precision.HIGHEST

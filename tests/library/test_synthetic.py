@@ -1,11 +1,11 @@
-"""Tests of coulomb_jax.synthetic."""
+"""Tests of coulomb_jax.tasks.synthetic."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from coulomb_jax import synthetic
+from coulomb_jax.tasks import synthetic
 
 
 def test_reproducible_per_key_and_labels():

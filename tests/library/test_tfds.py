@@ -1,4 +1,4 @@
-"""Tests of the tensorflow_datasets source: ``coulomb_jax.tfds_builders`` and
+"""Tests of the tensorflow_datasets source: ``coulomb_jax.tasks.data.tfds_builders`` and
 ``data.load_split(..., source='tfds')``, all without tensorflow or network.
 
 The argument tests need neither tensorflow_datasets nor data; the others skip
@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from coulomb_jax import data
+from coulomb_jax.tasks import data
 
 DATA_DIR = os.environ.get(
     'COULOMB_DATA_DIR',
@@ -24,7 +24,7 @@ MR_DIR = os.path.join(DATA_DIR, 'rotten_tomatoes')
 @pytest.fixture(scope='module')
 def builders():
   pytest.importorskip('tensorflow_datasets')
-  from coulomb_jax import tfds_builders  # pylint: disable=import-outside-toplevel
+  from coulomb_jax.tasks.data import tfds_builders  # pylint: disable=import-outside-toplevel
   return tfds_builders
 
 
@@ -53,7 +53,7 @@ def test_bad_source_raises_before_reading():
 
 def test_missing_tfds_names_the_pip_package(monkeypatch):
   monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)  # Import fails.
-  monkeypatch.delitem(sys.modules, 'coulomb_jax.tfds_builders', raising=False)
+  monkeypatch.delitem(sys.modules, 'coulomb_jax.tasks.data.tfds_builders', raising=False)
   with pytest.raises(ImportError, match='pip install tensorflow-datasets'):
     data.load_split('sst2', '/nonexistent', 'test', source='tfds')
 

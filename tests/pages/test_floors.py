@@ -54,6 +54,38 @@ def test_the_library_imports_no_tool_study_config_or_benchmark():
   assert not bad
 
 
+def test_the_library_is_grouped_by_job_and_its_packages_import_downwards():
+  # Issue 37: the packages of the sketch, the particle model's modules at the top level.
+  top = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, 'coulomb_jax', '*.py')))
+  packages = sorted(os.path.basename(os.path.dirname(p)) for p in
+                    glob.glob(os.path.join(ROOT, 'coulomb_jax', '*', '__init__.py')))
+  assert packages == ['attention', 'baselines', 'features', 'layers', 'tasks', 'training']
+  assert top == ['__init__', '_checks', 'alignment', 'checks', 'conversion', 'diagnostics',
+                 'hamiltonian', 'langevin', 'langevin_diagnostics', 'metrics', 'mimicry',
+                 'parallel', 'repulsion']
+  # The particle model and the attention paths never import the Flax side, training or a
+  # task; attention never imports layers (the layers are built on it).
+  lower = ('coulomb_jax.features', 'coulomb_jax.attention', 'coulomb_jax.alignment',
+           'coulomb_jax.repulsion', 'coulomb_jax.hamiltonian', 'coulomb_jax.langevin',
+           'coulomb_jax.parallel')
+  upper = ('coulomb_jax.layers', 'coulomb_jax.training', 'coulomb_jax.tasks',
+           'coulomb_jax.conversion', 'coulomb_jax.baselines')
+  bad = [(m, i) for m, imports in _sources('coulomb_jax') for i in imports
+         if m.startswith(lower) and i.startswith(upper)]
+  assert not bad
+
+
+def test_no_module_of_the_library_tools_or_studies_is_over_500_lines():
+  long = []
+  for folder in ('coulomb_jax', 'experiments', 'studies', 'configs'):
+    for path in glob.glob(os.path.join(ROOT, folder, '**', '*.py'), recursive=True):
+      with open(path, encoding='utf-8') as f:
+        n = sum(1 for _ in f)
+      if n > 500:
+        long.append((os.path.relpath(path, ROOT), n))
+  assert not long
+
+
 def test_configs_import_no_tool_or_study():
   bad = [(m, i) for m, imports in _sources('configs') for i in imports
          if _top(i) in ('experiments', 'studies')]

@@ -13,10 +13,10 @@ import pytest
 
 from coulomb_jax import conversion
 from coulomb_jax import langevin
-from coulomb_jax import lm
 from coulomb_jax import mimicry
-from coulomb_jax import models
-from coulomb_jax import mqar
+from coulomb_jax.layers import lm
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import mqar
 
 VOCAB, LENGTH, WIDTH, HEADS, LAYERS = 24, 12, 32, 2, 2
 HEAD_DIM = WIDTH // HEADS
@@ -262,7 +262,7 @@ def _old_mimicry_fit(method, key, omega0, batches, s, steps):
 def _study_encoder():
   """A tiny random softmax encoder as the mimicry study reads it (``encoders.Encoder``)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from coulomb_jax import data  # pylint: disable=g-import-not-at-top
+  from coulomb_jax.tasks import data  # pylint: disable=g-import-not-at-top
   from studies.softmax_mimicry import encoders  # pylint: disable=g-import-not-at-top
   model = models.EncoderClassifier(vocab_size=40, max_length=16, width=16, num_layers=2,
                                    num_heads=2, ffn_dim=32, dropout_rate=0.0,

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from configs import text
-from coulomb_jax import data
-from studies.phase_a_drift import command as phase_a_drift
+from coulomb_jax.tasks import data
 from experiments.run import run_folder
 from experiments.run import setup
+from studies.phase_a_drift import command as phase_a_drift
 
 
 @pytest.mark.slow

@@ -165,7 +165,7 @@ def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
   config, teacher, _ = convert.read_teacher(teacher_dir)
   student = methods.build(grid.apply_overrides(config, {'method': 'particles_softmax'}),
                           jax.random.key_data(jax.random.key(0))).model
-  from coulomb_jax import lm  # pylint: disable=g-import-not-at-top
+  from coulomb_jax.layers import lm  # pylint: disable=g-import-not-at-top
   init = jax.device_get(lm.make_state(jax.random.key(0), student, 16).params)
   params = convert.student_params(teacher, init)
   np.testing.assert_array_equal(params['block_0']['attn']['query']['kernel'],

@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from studies.softmax_mimicry import config as study_config
-from coulomb_jax import data
 from coulomb_jax import mimicry
-from coulomb_jax import models
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import data
 from experiments.common import cli
 from studies.softmax_mimicry import collect
+from studies.softmax_mimicry import config as study_config
 from studies.softmax_mimicry import conversion
 from studies.softmax_mimicry import encoders
 from studies.softmax_mimicry import fidelity

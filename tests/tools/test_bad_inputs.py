@@ -21,14 +21,14 @@ from flax import linen as nn
 
 from coulomb_jax import alignment
 from coulomb_jax import attention
-from coulomb_jax import data
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
-from coulomb_jax import lm
-from coulomb_jax import models
-from coulomb_jax import pallas_attention
 from coulomb_jax import parallel
+from coulomb_jax.attention import pallas
+from coulomb_jax.layers import lm
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import data
 from experiments.analysis import loading
 from experiments.common import cli
 from experiments.run import train_config
@@ -224,13 +224,13 @@ CASES = [
      ValueError, r"^chunk_size must be an integer >= 1, got '8'\.$"),
     ('fused omega heads', lambda t: attention.fused_linear_attention(Q, Q, V, W[None, :, :2]),
      ValueError, r'^omega must be \[H, M, d\] = \[1, M, 3\], got \(1, 4, 2\)'),
-    ('pallas block_q', lambda t: pallas_attention.pallas_linear_attention(Q, Q, V, OMEGA_H,
-                                                                          block_q=24),
-     ValueError, r'^block_q must be a power of two \(Triton block shapes\), got 24\.$'),
-    ('pallas num_splits', lambda t: pallas_attention.pallas_linear_attention(
+    ('pallas block_q', lambda t: pallas.pallas_linear_attention(Q, Q, V, OMEGA_H,
+                                                                block_q=24),
+ValueError, r'^block_q must be a power of two \(Triton block shapes\), got 24\.$'),
+    ('pallas num_splits', lambda t: pallas.pallas_linear_attention(
         Q, Q, V, OMEGA_H, num_splits=0),
      ValueError, r'^num_splits must be an integer >= 1, got 0\.$'),
-    ('pallas causal eps nan', lambda t: pallas_attention.pallas_causal_linear_attention(
+    ('pallas causal eps nan', lambda t: pallas.pallas_causal_linear_attention(
         Q, Q, V, OMEGA_H, eps=math.nan),
      ValueError, r'^eps must be > 0, got nan\.$'),
     # ----------------------------------------------------------------------- langevin

@@ -21,9 +21,9 @@ from flax import traverse_util
 from coulomb_jax import _checks
 from coulomb_jax import langevin
 from coulomb_jax import mimicry
-from coulomb_jax import models
-from coulomb_jax import mqar
 from coulomb_jax import training
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import mqar
 from experiments.run import phase_a
 
 VOCAB = 40

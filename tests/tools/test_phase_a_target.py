@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from coulomb_jax import mimicry
-from coulomb_jax import models
-from coulomb_jax import phase_a_mimicry
 from coulomb_jax import training
+from coulomb_jax.layers import models
+from coulomb_jax.training import phase_a_mimicry
 from experiments.run import train_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -12,10 +12,10 @@ import pytest
 from configs import mqar as mqar_config
 from coulomb_jax import features
 from coulomb_jax import langevin
-from coulomb_jax import lm
 from coulomb_jax import mimicry
-from coulomb_jax import models
-from coulomb_jax import mqar
+from coulomb_jax.layers import lm
+from coulomb_jax.layers import models
+from coulomb_jax.tasks import mqar
 from experiments.recall import methods
 from experiments.recall import run
 

@@ -14,8 +14,8 @@ from flax import traverse_util
 
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin
-from coulomb_jax import models
 from coulomb_jax import training
+from coulomb_jax.layers import models
 from experiments.run import run_folder
 from experiments.run import sharding
 from experiments.run import train_config
@@ -164,7 +164,7 @@ def test_layer_step_moves_only_its_layers_particles_on_cached_inputs():
 @pytest.mark.slow
 def test_pooled_keys_table_holds_each_rows_phase_a_inputs():
   from configs import text
-  from coulomb_jax import data
+  from coulomb_jax.tasks import data
   from experiments.run import evaluation
   rng = np.random.default_rng(0)
   ids = [rng.integers(1, VOCAB, size=n).astype(np.int32) for n in rng.integers(2, 16, size=11)]
@@ -305,7 +305,8 @@ def test_phase_a_on_softmax_attention_is_refused():
 
 _SHARDED = r'''
 import jax, jax.numpy as jnp, numpy as np
-from coulomb_jax import models, training
+from coulomb_jax import training
+from coulomb_jax.layers import models
 from experiments.run import sharding
 assert jax.device_count() == 8
 model = models.EncoderClassifier(vocab_size=40, max_length=16, width=16, num_heads=2,

@@ -5,7 +5,7 @@ the state S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j) of the chunks before in register
 (``_causal_kernel``); within a chunk a masked C × C product. Every map in log
 space, with each feature's running max over the prefix's keys and each query
 row's max (they cancel). Under differentiation the XLA path (``_causal_reference``:
-``attention_core.xla_fused_causal_linear_attention``) runs instead.
+``xla.xla_fused_causal_linear_attention``) runs instead.
 """
 
 import functools
@@ -16,10 +16,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from coulomb_jax import attention_core
 from coulomb_jax import features
-from coulomb_jax.pallas_attention import core
-from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS
+from coulomb_jax.attention import xla
+from coulomb_jax.attention.pallas import core
+from coulomb_jax.attention.pallas.core import PALLAS_FEATURE_MAPS
 
 
 def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chunk,
@@ -38,7 +38,7 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
   * then the chunk's keys enter the state, rescaled to the new running max.
 
   No shift of row i depends on a key after i, so the kernel is causal at any input scale;
-  exact wherever no in-chunk p_ij underflows (``attention_core.xla_materialized_causal_attention``'s
+  exact wherever no in-chunk p_ij underflows (``xla.xla_materialized_causal_attention``'s
   caveat) — the state part is exact at any scale.
   """
   n_f = num_feature_blocks
@@ -108,7 +108,7 @@ def _causal_kernel(q_ref, k_ref, v_ref, mask_ref, omega_ref, o_ref, *, name, chu
 def _causal_reference(q, k, v, omega, key_mask, *, name, eps, precision=None):
   """The XLA path that gives the kernel its gradients: ``xla_fused_causal_linear_attention``
   (exact and causal at any input scale, for every map)."""
-  return attention_core.xla_fused_causal_linear_attention(
+  return xla.xla_fused_causal_linear_attention(
       q, k, v, omega, feature_map=name, key_mask=key_mask, eps=eps, precision=precision)
 
 
@@ -160,7 +160,7 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                                    omega: jax.Array, *, feature_map: str = 'favor',
                                    key_mask: Optional[jax.Array] = None, chunk_size: int = 64,
                                    block_f: Optional[int] = None,
-                                   eps: float = attention_core.DEFAULT_EPS,
+                                   eps: float = xla.DEFAULT_EPS,
                                    interpret: Optional[bool] = None, num_warps: int = 4,
                                    num_stages: int = 2, precision=None) -> jax.Array:
   r"""Causal linear attention from one Pallas kernel, ``[B, L, H, D]``: out_i sees j ≤ i.
@@ -172,7 +172,7 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   over the earlier chunks, the shifts inside a chunk are per token: no output reads a
   later token, at any input scale. The grid has only B·H programs,
   so it suits many sequences or heads; the chunks are sequential by nature.
-  Under differentiation the XLA path (``attention_core.xla_fused_causal_linear_attention``)
+  Under differentiation the XLA path (``xla.xla_fused_causal_linear_attention``)
   runs forward and backward, as for ``pallas_linear_attention``.
 
   Args: as ``pallas_linear_attention`` (``interpret`` decided by the lowering platform,
@@ -184,9 +184,9 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   inputs of favor-type maps; see ``_causal_kernel``); ``attention.fused_causal_linear_attention``
   (XLA) is exact for every map at every scale.
   """
-  attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
-  attention_core.check_eps(eps)
-  precision = attention_core.check_precision(precision)
+  xla.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
+  xla.check_eps(eps)
+  precision = xla.check_precision(precision)
   chunk = core.power_of_two('chunk_size', chunk_size)
   block_f = core.feature_block(block_f, omega.shape[1])
   if interpret is not None:

@@ -39,8 +39,8 @@ tests was measured), TF32 for float32 products on recent NVIDIA GPUs (XLA and Tr
 and one bf16 pass on TPU, where those accuracies do not hold; ``'highest'`` keeps
 float32 on every platform, at a cost in speed.
 
-Three modules: ``attention_core`` holds the XLA implementations and checks,
-``pallas_attention`` the kernels (it imports ``attention_core``), and this module
+Three modules: ``xla`` holds the XLA implementations and checks,
+``pallas`` the kernels (it imports ``xla``), and this module
 the public entry points (re-exported from both) and the choice between them.
 """
 
@@ -49,13 +49,13 @@ from typing import Optional
 import jax
 
 from coulomb_jax import _checks
-from coulomb_jax import attention_core
 from coulomb_jax import features
-from coulomb_jax import pallas_attention
-from coulomb_jax.attention_core import (DEFAULT_EPS, PRECISIONS, causal_linear_attention,
-                                        materialized_causal_linear_attention,
-                                        check_fused_inputs, linear_attention)
-from coulomb_jax.attention_core import (
+from coulomb_jax.attention import pallas
+from coulomb_jax.attention import xla
+from coulomb_jax.attention.xla import (DEFAULT_EPS, PRECISIONS, causal_linear_attention,
+                                       materialized_causal_linear_attention,
+                                       check_fused_inputs, linear_attention)
+from coulomb_jax.attention.xla import (
     xla_materialized_causal_attention as materialized_causal_attention)
 
 __all__ = ['CAUSAL_PATHS', 'DEFAULT_EPS', 'IMPLEMENTATIONS', 'PRECISIONS', 'causal_linear_attention',
@@ -105,16 +105,16 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
     chunk_size: C ≥ 1; L need not be a multiple of it.
     eps: denominator guard, > 0.
     implementation: ``'xla'`` (the chunked path above,
-      ``attention_core.xla_fused_linear_attention``), ``'pallas'``
-      (``pallas_attention.pallas_linear_attention``: two kernels for the forward pass,
+      ``xla.xla_fused_linear_attention``), ``'pallas'``
+      (``pallas.pallas_linear_attention``: two kernels for the forward pass,
       Triton for cuda, Mosaic for tpu, interpret mode elsewhere; ``chunk_size`` unused) or
       ``'auto'``: decided by the platform the program is lowered for
       (``jax.lax.platform_dependent``), not by the host: the kernels for cuda when the
-      map and shape suit them (``pallas_attention.shape_supported``: M a multiple of
+      map and shape suit them (``pallas.shape_supported``: M a multiple of
       64, d and D powers of two ≥ 16; and, on a GPU host,
-      ``pallas_attention.use_by_default``: one device, kernels that compile), ``'xla'``
+      ``pallas.use_by_default``: one device, kernels that compile), ``'xla'``
       for CPU, TPU and everything else. (``'pallas'`` lowered for tpu takes the Mosaic
-      kernels of ``pallas_attention.tpu`` for six maps, never run on a TPU, which is
+      kernels of ``pallas.tpu`` for six maps, never run on a TPU, which is
       why ``'auto'`` does not; for softmaxfeat it is a ValueError.)
     precision: of every matrix product (``linear_attention``'s argument; None: the
       backend's default, TF32 for float32 on recent NVIDIA GPUs, bf16 passes on TPU).
@@ -122,37 +122,36 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
   _check_implementation(implementation)
   check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.KERNEL_ATTENTION_MAPS)
   _checks.check_int('chunk_size', chunk_size, 1)
-  attention_core.check_eps(eps)
-  precision = attention_core.check_precision(precision)
+  xla.check_eps(eps)
+  precision = xla.check_precision(precision)
   if implementation == 'pallas':
-    return pallas_attention.pallas_linear_attention(q, k, v, omega, feature_map=feature_map,
-                                                    key_mask=key_mask, eps=eps,
-                                                    precision=precision)
+    return pallas.pallas_linear_attention(q, k, v, omega, feature_map=feature_map,
+                                          key_mask=key_mask, eps=eps, precision=precision)
   masks = () if key_mask is None else (key_mask,)
-  xla = lambda q, k, v, omega, *m: attention_core.xla_fused_linear_attention(
+  on_xla = lambda q, k, v, omega, *m: xla.xla_fused_linear_attention(
       q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None,
       chunk_size=chunk_size, eps=eps, precision=precision)
   if implementation == 'xla' or not _auto_may_take_kernels(q, k, v, omega, feature_map,
                                                            key_mask):
-    return xla(q, k, v, omega, *masks)
-  kernels = lambda q, k, v, omega, *m: pallas_attention.pallas_linear_attention(
+    return on_xla(q, k, v, omega, *masks)
+  kernels = lambda q, k, v, omega, *m: pallas.pallas_linear_attention(
       q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None, eps=eps,
       interpret=False, precision=precision)
   # The platform the program is lowered for decides, not the host: a CPU host lowering
   # (or exporting) for cuda gets the kernels, CPU and TPU get the XLA path.
-  return jax.lax.platform_dependent(q, k, v, omega, *masks, cuda=kernels, default=xla)
+  return jax.lax.platform_dependent(q, k, v, omega, *masks, cuda=kernels, default=on_xla)
 
 
 def _auto_may_take_kernels(q, k, v, omega, feature_map, key_mask) -> bool:
   """Whether ``'auto'`` offers the GPU kernels (static, at trace time).
 
   The map and the shape must suit the default blocks; on a GPU host also
-  ``pallas_attention.use_by_default`` (one device, kernels that compile). On any other
+  ``pallas.use_by_default`` (one device, kernels that compile). On any other
   host the kernels are offered to a cuda lowering only (``lax.platform_dependent``).
   """
   if jax.default_backend() == 'gpu':
-    return pallas_attention.use_by_default(q, k, v, omega, feature_map, key_mask)
-  return pallas_attention.shape_supported(q.shape, v.shape, omega.shape, feature_map)
+    return pallas.use_by_default(q, k, v, omega, feature_map, key_mask)
+  return pallas.shape_supported(q.shape, v.shape, omega.shape, feature_map)
 
 
 def fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.Array,
@@ -162,45 +161,44 @@ def fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omeg
                                   precision=None) -> jax.Array:
   r"""Causal linear attention from the particles, ``[B, L, H, D]``: out_i sees j ≤ i.
 
-  Args: as ``attention_core.xla_fused_causal_linear_attention`` (q, k ``[B, L, H, d]``,
+  Args: as ``xla.xla_fused_causal_linear_attention`` (q, k ``[B, L, H, d]``,
   v ``[B, L, H, D]``, omega ``[H, M, d]``, key_mask ``[B, L]``, ``chunk_size`` C ≥ 1 of
   the XLA path, eps), plus:
 
     implementation: ``'xla'`` (default: the chunked path, exact at any input scale for
       every map; its docstring), ``'pallas'``
-      (``pallas_attention.pallas_causal_linear_attention`` with its default chunk of 64:
+      (``pallas.pallas_causal_linear_attention`` with its default chunk of 64:
       one GPU kernel, interpreted on CPU, a ValueError when lowered for tpu; not exact at
       large inputs for favor, porf_softplus and softmaxfeat, and its gradient is the
       stored-feature XLA path's) or ``'auto'``: decided by the platform the program is
       lowered for (``jax.lax.platform_dependent``), not the host, as
       ``fused_linear_attention``'s: the kernel for cuda when the map and shape suit it
-      (``pallas_attention.shape_supported``; on a GPU host also one device), the XLA
+      (``pallas.shape_supported``; on a GPU host also one device), the XLA
       path for CPU, TPU and the rest. The default stays ``'xla'`` because of the
       kernel's large-input caveat, and because it has never run on a GPU.
     precision: of every matrix product (``linear_attention``'s argument).
   """
   _check_implementation(implementation)
-  precision = attention_core.check_precision(precision)
-  xla = lambda q, k, v, omega, *m: attention_core.xla_fused_causal_linear_attention(
+  precision = xla.check_precision(precision)
+  on_xla = lambda q, k, v, omega, *m: xla.xla_fused_causal_linear_attention(
       q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None,
       chunk_size=chunk_size, eps=eps, precision=precision)
   masks = () if key_mask is None else (key_mask,)
   if implementation == 'xla':
-    return xla(q, k, v, omega, *masks)
+    return on_xla(q, k, v, omega, *masks)
   check_fused_inputs(q, k, v, omega, key_mask, feature_map, features.KERNEL_ATTENTION_MAPS)
   _checks.check_int('chunk_size', chunk_size, 1)
-  attention_core.check_eps(eps)
+  xla.check_eps(eps)
   kernel = lambda interpret: lambda q, k, v, omega, *m: (
-      pallas_attention.pallas_causal_linear_attention(
+      pallas.pallas_causal_linear_attention(
           q, k, v, omega, feature_map=feature_map, key_mask=m[0] if m else None, eps=eps,
           interpret=interpret, precision=precision))
   if implementation == 'pallas':
     return kernel(None)(q, k, v, omega, *masks)
   one_device = jax.default_backend() != 'gpu' or jax.device_count() == 1
-  if not (one_device and pallas_attention.shape_supported(q.shape, v.shape, omega.shape,
-                                                          feature_map)):
-    return xla(q, k, v, omega, *masks)
-  return jax.lax.platform_dependent(q, k, v, omega, *masks, cuda=kernel(False), default=xla)
+  if not (one_device and pallas.shape_supported(q.shape, v.shape, omega.shape, feature_map)):
+    return on_xla(q, k, v, omega, *masks)
+  return jax.lax.platform_dependent(q, k, v, omega, *masks, cuda=kernel(False), default=on_xla)
 
 
 def _check_implementation(implementation) -> None:

@@ -42,7 +42,7 @@ Sources: the local files above (``source='files'``, the default, works offline) 
 with ``load_split(..., source='tfds')``, tensorflow_datasets copies read through
 ``tfds.data_source`` (array_record; tensorflow is not needed): ``glue/sst2``,
 ``glue/qqp`` and the project builder ``coulomb_rotten_tomatoes``
-(``coulomb_jax.tfds_builders``, built from the MR files in a manual dir).
+(``coulomb_jax.tasks.data.tfds_builders``, built from the MR files in a manual dir).
 tensorflow_datasets is imported only then; nothing is downloaded unless
 ``download=True``.
 
@@ -57,7 +57,7 @@ Sanity and provenance:
   ``fingerprint(paths)`` hashes them (sha256); ``check_fingerprint(stored,
   current)`` names the files that changed since a run stored its fingerprint.
 
-Layout: this package is the public module (``from coulomb_jax import data;
+Layout: this package is the public module (``from coulomb_jax.tasks import data;
 data.load_split(...)``); it re-exports the names of its parts, which follow the
 pipeline's seams, so each reads on its own:
 
@@ -70,17 +70,17 @@ A package rather than flat ``coulomb_jax/tokenizer.py``-style modules: the parts
 are one pipeline's steps, and under ``data/`` the tree shows that they belong
 together (names like ``data_readers`` would stand in for the folder). What
 ``data`` shares with ``tfds_builders`` (``Examples``, ``TASKS``, ``SPLITS``, the MR
-reader, the class check) stays outside it in ``coulomb_jax.data_core``, which both
+reader, the class check) stays outside it in ``coulomb_jax.tasks.data.core``, which both
 import: ``tfds_builders`` never imports ``data``, and ``data`` imports
 ``tfds_builders`` only for ``source='tfds'``, so there is no import circle and
 ``tfds_builders`` does not load the tokenizer. Those names are re-exported here.
 """
 
-from coulomb_jax.data.batching import batch_indices, batches, num_batches
-from coulomb_jax.data.readers import (SOURCES, VALIDATION_RULES, changed_files,
-                                      check_fingerprint, fingerprint, load_split,
-                                      sentence_split, source_files)
-from coulomb_jax.data.tokenizer import (SPECIAL_TOKENS, Encoded, encode, load_tokenizer,
-                                        load_vocab_tokenizer, save_tokenizer, train_tokenizer)
-from coulomb_jax.data_core import (DEFAULT_MIN_CLASS_SHARE, SPLITS, TASKS, Examples,
-                                   check_class_balance, read_rotten_tomatoes_files)
+from coulomb_jax.tasks.data.batching import batch_indices, batches, num_batches
+from coulomb_jax.tasks.data.core import (DEFAULT_MIN_CLASS_SHARE, SPLITS, TASKS, Examples,
+                                         check_class_balance, read_rotten_tomatoes_files)
+from coulomb_jax.tasks.data.readers import (SOURCES, VALIDATION_RULES, changed_files,
+                                            check_fingerprint, fingerprint, load_split,
+                                            sentence_split, source_files)
+from coulomb_jax.tasks.data.tokenizer import (SPECIAL_TOKENS, Encoded, encode, load_tokenizer,
+                                              load_vocab_tokenizer, save_tokenizer, train_tokenizer)

@@ -1,11 +1,11 @@
 """The paper's tasks read from their files or tfds copies: ``load_split`` and its provenance.
 
 Readers of GLUE SST-2 and QQP and of the 20k Quora pairs (the MR reader, shared
-with ``tfds_builders``, is in ``data_core``); the two rules that carve 'validation'
+with ``tfds_builders``, is in ``core``); the two rules that carve 'validation'
 out of a training file (``'rows'``, or ``sentence_split`` for SST-2's phrase rows);
 ``source_files``, the files a task's loader reads, and ``fingerprint`` /
 ``check_fingerprint``, their sha256. The tasks, files and split rules are described
-in the ``coulomb_jax.data`` docstring.
+in the ``coulomb_jax.tasks.data`` docstring.
 """
 
 import csv
@@ -19,9 +19,9 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from coulomb_jax import _checks
-from coulomb_jax import data_core
-from coulomb_jax.data_core import (DEFAULT_MIN_CLASS_SHARE, SPLITS, TASKS, Examples,
-                                   check_class_balance, read_rotten_tomatoes_files)
+from coulomb_jax.tasks.data import core
+from coulomb_jax.tasks.data.core import (DEFAULT_MIN_CLASS_SHARE, SPLITS, TASKS, Examples,
+                                         check_class_balance, read_rotten_tomatoes_files)
 
 SOURCES = ('files', 'tfds')
 
@@ -31,7 +31,7 @@ _QQP_HEADER = ['id', 'qid1', 'qid2', 'question1', 'question2', 'is_duplicate']
 # ----------------------------------------------------------------------------- loading
 
 
-_require_file = data_core.require_file
+_require_file = core.require_file
 
 
 def _labels(values: list[str], path: str) -> np.ndarray:
@@ -47,7 +47,7 @@ def _labels(values: list[str], path: str) -> np.ndarray:
 def _read_sst2(path: str) -> Examples:
   """GLUE SST-2 train/dev: header ``sentence\\tlabel``, no quoting."""
   _require_file(path, ' Expected the GLUE SST-2 files (glue/SST-2/{train,dev}.tsv).')
-  lines = data_core.read_text(path).split('\n')
+  lines = core.read_text(path).split('\n')
   if lines[0] != 'sentence\tlabel':
     raise ValueError(f'{path}: expected the header "sentence\\tlabel", got {lines[0]!r}.')
   texts, labels = [], []
@@ -64,7 +64,7 @@ def _read_sst2(path: str) -> Examples:
 
 def _read_tsv(path: str, num_fields: int, header: Optional[list[str]]) -> list[list[str]]:
   """csv rows (tab, default quoting); each record must be exactly one line."""
-  with io.StringIO(data_core.read_text(path), newline='') as f:
+  with io.StringIO(core.read_text(path), newline='') as f:
     reader = csv.reader(f, delimiter='\t')
     rows = []
     for row in reader:
@@ -162,9 +162,9 @@ _FILES = {  # task → (file of train+validation, file of test, reader)
 
 
 def _import_tfds_builders():
-  """``coulomb_jax.tfds_builders``, imported only for ``source='tfds'``."""
+  """``coulomb_jax.tasks.data.tfds_builders``, imported only for ``source='tfds'``."""
   try:
-    return importlib.import_module('coulomb_jax.tfds_builders')
+    return importlib.import_module('coulomb_jax.tasks.data.tfds_builders')
   except ImportError as e:
     raise ImportError(
         "source='tfds' needs tensorflow-datasets (tensorflow is not needed): pip install "
@@ -191,7 +191,7 @@ def load_split(task: str, data_dir: str, split: str, *, validation_size: int = 1
   sst2 and qqp are ``glue/sst2`` and ``glue/qqp`` ('test' is tfds 'validation', i.e.
   GLUE dev; 'train'/'validation' are carved from tfds 'train' as above, in file
   order by its ``idx``), rotten_tomatoes is the project builder
-  ``coulomb_rotten_tomatoes`` (``coulomb_jax.tfds_builders``), qqp_subset has no
+  ``coulomb_rotten_tomatoes`` (``coulomb_jax.tasks.data.tfds_builders``), qqp_subset has no
   tfds copy. With ``download=False`` (the default) nothing is downloaded or built:
   a copy that is not prepared raises FileNotFoundError. ``download=True`` prepares
   it first (GLUE from the network; rotten_tomatoes from ``data_dir/rotten_tomatoes``,
@@ -254,7 +254,7 @@ def _load_split(task, data_dir, split, validation_size, validation_seed, validat
   else:
     if task == 'rotten_tomatoes':
       directory = os.path.join(data_dir, 'rotten_tomatoes')
-      files = ', '.join(os.path.join(directory, f) for f in data_core.MR_FILES)
+      files = ', '.join(os.path.join(directory, f) for f in core.MR_FILES)
       return read_rotten_tomatoes_files(directory, split), files
     train_file, test_file, read_file = _FILES[task]
     if split == 'test':
@@ -298,7 +298,7 @@ def source_files(task: str, data_dir: str, *, source: str = 'files',
       raise ValueError("task 'qqp_subset' has no tfds copy; use source='files'.")
     return _import_tfds_builders().dataset_files(task, tfds_data_dir)
   if task == 'rotten_tomatoes':
-    names = [os.path.join('rotten_tomatoes', f) for f in data_core.MR_FILES]
+    names = [os.path.join('rotten_tomatoes', f) for f in core.MR_FILES]
   else:
     names = list(_FILES[task][:2])
   return sorted(os.path.join(data_dir, name) for name in names)

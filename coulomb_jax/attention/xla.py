@@ -1,7 +1,7 @@
 r"""Linear attention in XLA: the materialised, causal and chunked (fused) paths.
 
-What ``attention`` and ``pallas_attention`` share (so neither imports the other's
-module: ``attention`` → ``pallas_attention`` → ``attention_core``): the input
+What ``attention`` and ``pallas`` share (so neither imports the other's
+module: ``attention`` → ``pallas`` → ``xla``): the input
 checks, the denominator guard ``DEFAULT_EPS``, ``linear_attention``,
 ``causal_linear_attention`` and ``xla_fused_linear_attention``, the chunked path
 that ``attention.fused_linear_attention`` takes without Pallas and whose
@@ -384,7 +384,7 @@ def xla_fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     earlier or a later key does can make a query's terms underflow.
 
   Time O(L·F·(C + D)), memory O(C²·F + F·D) per batch row and head beyond the inputs.
-  ``attention_core.causal_linear_attention`` on stored features is exact only where
+  ``xla.causal_linear_attention`` on stored features is exact only where
   no prefix underflows (its docstring); this path is exact for every map. A query
   with no real key at or before it gets 0.
 

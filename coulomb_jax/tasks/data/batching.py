@@ -10,7 +10,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from coulomb_jax import _checks
-from coulomb_jax.data.tokenizer import Encoded
+from coulomb_jax.tasks.data.tokenizer import Encoded
 
 
 def num_batches(n: int, batch_size: int, drop_remainder: bool) -> int:

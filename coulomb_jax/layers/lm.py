@@ -34,11 +34,11 @@ from flax import traverse_util
 
 from coulomb_jax import _checks
 from coulomb_jax import features
-from coulomb_jax import flax_attention
-from coulomb_jax import models
-from coulomb_jax import phase_a_mimicry
 from coulomb_jax import repulsion
 from coulomb_jax import training
+from coulomb_jax.layers import flax_attention
+from coulomb_jax.layers import models
+from coulomb_jax.training import phase_a_mimicry
 
 LM_ATTENTIONS = ('softmax', 'kernel')
 

@@ -36,7 +36,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from coulomb_jax import features
-from coulomb_jax.pallas_attention import core
+from coulomb_jax.attention.pallas import core
 
 TPU_FEATURE_MAPS = ('favor', 'elu', 'softplus', 'sigmoid2', 'cos2', 'porf_softplus')
 """The maps the TPU kernels compute (``softmaxfeat`` has none: a one-line error)."""

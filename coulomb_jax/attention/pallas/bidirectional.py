@@ -36,7 +36,7 @@ M/F_b + 1 times); a query row's own log-sum-exp is a factor of its row and cance
 
 ``use_by_default`` says whether ``fused_linear_attention(implementation='auto')``
 takes these kernels. Under differentiation the XLA path runs instead (no backward
-kernel; ``coulomb_jax.pallas_attention``).
+kernel; ``coulomb_jax.attention.pallas``).
 """
 
 import functools
@@ -50,11 +50,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from coulomb_jax import _checks
-from coulomb_jax import attention_core
 from coulomb_jax import features
-from coulomb_jax.pallas_attention import core
-from coulomb_jax.pallas_attention import tpu
-from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS
+from coulomb_jax.attention import xla
+from coulomb_jax.attention.pallas import core
+from coulomb_jax.attention.pallas import tpu
+from coulomb_jax.attention.pallas.core import PALLAS_FEATURE_MAPS
 
 
 def _key_kernel(k_ref, v_ref, mask_ref, omega_ref, s_ref, z_ref, m_ref, *, name,
@@ -335,7 +335,7 @@ def _kernels(q, k, v, omega, key_mask, *, name, block_q, block_k, block_f, num_s
 
 
 _attend = core.with_xla_gradients(
-    _forward, lambda q, k, v, omega, key_mask, opts: attention_core.xla_fused_linear_attention(
+    _forward, lambda q, k, v, omega, key_mask, opts: xla.xla_fused_linear_attention(
         q, k, v, omega, feature_map=opts['name'], key_mask=key_mask, eps=opts['eps'],
         precision=opts['precision']))
 
@@ -345,7 +345,7 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
                             feature_map: str = 'favor', key_mask: Optional[jax.Array] = None,
                             block_q: int = 64, block_k: int = 64, block_f: Optional[int] = None,
                             num_splits: Optional[int] = None,
-                            eps: float = attention_core.DEFAULT_EPS,
+                            eps: float = xla.DEFAULT_EPS,
                             interpret: Optional[bool] = None, num_warps: int = 4,
                             num_stages: int = 2, precision=None) -> jax.Array:
   r"""``fused_linear_attention``'s result from two Pallas kernels, ``[B, L, H, D]``.
@@ -365,7 +365,7 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
     interpret: True: Pallas interpret mode (plain XLA ops, any platform); False: the
       compiled Triton kernels (cuda only); None (default): decided by the platform the
       program is lowered for, not the host (``jax.lax.platform_dependent``): the Triton
-      kernels for cuda, the Mosaic kernels of ``pallas_attention.tpu`` for tpu (six maps,
+      kernels for cuda, the Mosaic kernels of ``pallas.tpu`` for tpu (six maps,
       never run on a TPU; softmaxfeat: a ValueError), interpreted for cpu.
     num_warps, num_stages: Triton launch parameters.
     precision: of every matrix product, kernels and (under ``grad``) the XLA path
@@ -377,9 +377,9 @@ def pallas_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax
   ``interpret=False`` refuses other sizes with a ValueError naming the value before
   anything is lowered; ``interpret=None`` when lowered for cuda.
   """
-  attention_core.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
-  attention_core.check_eps(eps)
-  precision = attention_core.check_precision(precision)
+  xla.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
+  xla.check_eps(eps)
+  precision = xla.check_precision(precision)
   length = q.shape[1]
   block_q, block_k = (core.power_of_two(n, x) for n, x in
                       (('block_q', block_q), ('block_k', block_k)))

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 from coulomb_jax import _checks
 from coulomb_jax import attention
 from coulomb_jax import features
-from coulomb_jax import flax_attention
 from coulomb_jax import langevin
+from coulomb_jax.layers import flax_attention
 
 PARTICLES = 'particles'
 """The parameter name of the particles: the optimisers' label functions select it."""

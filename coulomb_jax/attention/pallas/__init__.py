@@ -34,8 +34,8 @@ dots, the input plumbing, the checked block sizes and Triton shape rules, the
 interpret decision by platform and the kernels-forward / XLA-backward wrapper.
 """
 
-from coulomb_jax.pallas_attention.bidirectional import (pallas_linear_attention, shape_supported,
-                                                     use_by_default)
-from coulomb_jax.pallas_attention.causal import pallas_causal_linear_attention
-from coulomb_jax.pallas_attention.core import PALLAS_FEATURE_MAPS
-from coulomb_jax.pallas_attention.tpu import TPU_FEATURE_MAPS
+from coulomb_jax.attention.pallas.bidirectional import (pallas_linear_attention, shape_supported,
+                                                        use_by_default)
+from coulomb_jax.attention.pallas.causal import pallas_causal_linear_attention
+from coulomb_jax.attention.pallas.core import PALLAS_FEATURE_MAPS
+from coulomb_jax.attention.pallas.tpu import TPU_FEATURE_MAPS

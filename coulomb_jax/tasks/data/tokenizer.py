@@ -15,7 +15,7 @@ import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from coulomb_jax import _checks
-from coulomb_jax.data_core import Examples
+from coulomb_jax.tasks.data.core import Examples
 
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 """Ids 0..4 of a trained tokenizer; ``[PAD]`` is id 0 for every tokenizer here."""

@@ -1,4 +1,4 @@
-"""tensorflow_datasets sources of ``coulomb_jax.data`` (``load_split(..., source='tfds')``).
+"""tensorflow_datasets sources of ``coulomb_jax.tasks.data`` (``load_split(..., source='tfds')``).
 
 Everything here runs without tensorflow: datasets are written and read as
 array_record (``tfds.data_source``), never as tfrecord or ``tf.data``. Needs
@@ -8,7 +8,7 @@ array_record (``tfds.data_source``), never as tfrecord or ``tf.data``. Needs
 * ``CoulombRottenTomatoes`` (``coulomb_rotten_tomatoes``): Rotten Tomatoes has no
   tfds builder, so the project adds one. It reads the MR files
   ``rt-polarity.{pos,neg}`` from the manual dir and writes the Hugging Face split
-  (``data_core.read_rotten_tomatoes_files``: latin-1, strip, per class the first 4,265 /
+  (``core.read_rotten_tomatoes_files``: latin-1, strip, per class the first 4,265 /
   next 533 / last 533 lines, positives first) in that order: 8,530 / 1,066 / 1,066.
 * ``glue/sst2`` and ``glue/qqp``: tfds' own GLUE builders.
 
@@ -24,7 +24,7 @@ that is not prepared raises FileNotFoundError saying how to prepare it.
 ``dataset_files`` lists the files of a prepared copy (``data.source_files`` for
 ``source='tfds'``, so a run can fingerprint what it read).
 
-This module imports ``data_core`` (shared with ``data``), never ``data`` itself:
+This module imports ``core`` (shared with ``data``), never ``data`` itself:
 ``data`` imports it only for ``source='tfds'``, so there is no import circle.
 """
 
@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 import tensorflow_datasets.text  # noqa: F401  Registers the GLUE builders.
 
-from coulomb_jax import data_core
+from coulomb_jax.tasks.data import core
 
 FILE_FORMAT = 'array_record'
 """Random access without tensorflow (tfds' default, tfrecord, needs tf.data to read)."""
@@ -44,7 +44,7 @@ TFDS_NAMES = {'sst2': 'glue/sst2', 'qqp': 'glue/qqp',
               'rotten_tomatoes': 'coulomb_rotten_tomatoes'}
 """``data.TASKS`` with a tfds copy → its tfds name (qqp_subset has none)."""
 
-_MR_FILES = data_core.MR_FILES
+_MR_FILES = core.MR_FILES
 
 
 class CoulombRottenTomatoes(tfds.core.GeneratorBasedBuilder):
@@ -82,10 +82,10 @@ class CoulombRottenTomatoes(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     directory = os.fspath(dl_manager.manual_dir)
-    return {split: self._generate_examples(directory, split) for split in data_core.SPLITS}
+    return {split: self._generate_examples(directory, split) for split in core.SPLITS}
 
   def _generate_examples(self, directory: str, split: str):
-    examples = data_core.read_rotten_tomatoes_files(directory, split)
+    examples = core.read_rotten_tomatoes_files(directory, split)
     for key, (text, label) in enumerate(zip(examples.text_a, examples.labels.tolist())):
       yield key, {'text': text, 'label': label}
 
@@ -110,7 +110,7 @@ def _not_prepared(task: str, builder: tfds.core.DatasetBuilder,
   if task == 'rotten_tomatoes':
     how = ('build it from the MR files (no network): load_split(..., download=True) '
            f'with data_dir/rotten_tomatoes holding {_MR_FILES} (now {manual_dir}), or '
-           'coulomb_jax.tfds_builders.prepare_rotten_tomatoes(manual_dir, data_dir)')
+           'coulomb_jax.tasks.data.tfds_builders.prepare_rotten_tomatoes(manual_dir, data_dir)')
   else:
     how = ("pass download=True to download and prepare it (needs network), point "
            "tfds_data_dir at a prepared array_record copy, or use source='files'")
@@ -120,10 +120,10 @@ def _not_prepared(task: str, builder: tfds.core.DatasetBuilder,
 
 
 def read_examples(task: str, split: str, *, data_dir: Optional[str] = None,
-                  download: bool = False, manual_dir: Optional[str] = None) -> data_core.Examples:
+                  download: bool = False, manual_dir: Optional[str] = None) -> core.Examples:
   """All examples of one tfds split of ``task``, in file order.
 
-  ``split`` is a ``data_core.SPLITS`` name for rotten_tomatoes; for sst2 and qqp it is
+  ``split`` is a ``core.SPLITS`` name for rotten_tomatoes; for sst2 and qqp it is
   'train' (tfds 'train', from which ``data.load_split`` carves validation) or
   'test' (tfds 'validation': GLUE dev, since GLUE test has no labels). GLUE rows
   are put back in file order by their ``idx``; SST-2 sentences are stripped, as by
@@ -135,7 +135,7 @@ def read_examples(task: str, split: str, *, data_dir: Optional[str] = None,
   if task not in TFDS_NAMES:
     raise ValueError(f'task must be one of {tuple(TFDS_NAMES)}, got {task!r}.')
   glue = task != 'rotten_tomatoes'
-  splits = ('train', 'test') if glue else data_core.SPLITS
+  splits = ('train', 'test') if glue else core.SPLITS
   if split not in splits:
     raise ValueError(f'split must be one of {splits} for task {task!r}, got {split!r}.')
   name = TFDS_NAMES[task]
@@ -154,11 +154,11 @@ def read_examples(task: str, split: str, *, data_dir: Optional[str] = None,
     rows.sort(key=lambda row: int(row['idx']))
   labels = np.array([int(row['label']) for row in rows], np.int32)
   if task == 'sst2':
-    return data_core.Examples([row['sentence'].decode('utf-8').strip() for row in rows], None, labels)
+    return core.Examples([row['sentence'].decode('utf-8').strip() for row in rows], None, labels)
   if task == 'qqp':
-    return data_core.Examples([row['question1'].decode('utf-8') for row in rows],
+    return core.Examples([row['question1'].decode('utf-8') for row in rows],
                          [row['question2'].decode('utf-8') for row in rows], labels)
-  return data_core.Examples([row['text'].decode('utf-8') for row in rows], None, labels)
+  return core.Examples([row['text'].decode('utf-8') for row in rows], None, labels)
 
 
 def dataset_files(task: str, data_dir: Optional[str] = None) -> list[str]:

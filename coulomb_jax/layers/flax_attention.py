@@ -40,9 +40,9 @@ import numpy as np
 
 from coulomb_jax import _checks
 from coulomb_jax import attention
-from coulomb_jax import attention_core
 from coulomb_jax import features
 from coulomb_jax import mimicry
+from coulomb_jax.attention import xla
 
 CAUSAL_PATHS = attention.CAUSAL_PATHS
 
@@ -128,7 +128,7 @@ def _patterns(m, xp, causal):
 
 def kernel_attention_fn(omega: jax.Array, feature_map: str = 'favor', *,
                         causal: bool = False, causal_path: str = 'fused',
-                        chunk_size: int = 16, eps: float = attention_core.DEFAULT_EPS,
+                        chunk_size: int = 16, eps: float = xla.DEFAULT_EPS,
                         mask_check: str = 'callback', sow_into=None):
   r"""A ``flax.linen.dot_product_attention``-compatible linear attention with particles ``omega``.
 
@@ -165,7 +165,7 @@ def kernel_attention_fn(omega: jax.Array, feature_map: str = 'favor', *,
     ``nn.MultiHeadDotProductAttention(..., attention_fn=kernel_attention_fn(omega))``.
   """
   mimicry._check_map(feature_map)              # pylint: disable=protected-access
-  attention_core.check_eps(eps)
+  xla.check_eps(eps)
   if causal_path not in CAUSAL_PATHS:
     raise ValueError(f'causal_path must be one of {CAUSAL_PATHS}, got {causal_path!r}.')
   _checks.check_int('chunk_size', chunk_size, 1)

@@ -30,12 +30,13 @@ from flax import traverse_util
 
 from coulomb_jax import _checks
 from coulomb_jax import features
-from coulomb_jax import flax_attention
 from coulomb_jax import langevin_diagnostics
 from coulomb_jax import mimicry
 from coulomb_jax import repulsion
-from coulomb_jax.training import (PARTICLES, TrainState, nonfinite_counts,
-                                  particle_leaves, sown)
+from coulomb_jax.layers import flax_attention
+from coulomb_jax.training.inputs import sown
+from coulomb_jax.training.state import (PARTICLES, TrainState, nonfinite_counts,
+                                        particle_leaves)
 
 MIMICRY_INPUTS = flax_attention.MIMICRY_INPUTS
 """The name the kernel layers sow the unscaled per-head (q, k) under."""
