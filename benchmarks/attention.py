@@ -43,7 +43,9 @@ D = 64, M = 256). Writes ``attention.json`` and ``attention.md``, and each row t
 ``$COULOMB_JAX_COMMIT`` on a copy without ``.git``). ``--max_seconds`` stops starting new
 cases after that long, so the summary is written inside an outer ``timeout``. Each case
 compiles its forward and its forward+backward once (``lower().compile()``: the timed
-programs and the memory analysis are the same executables).
+programs and the memory analysis are the same executables). A bad flag value (an unknown
+implementation, map or dtype, a size below 1, an ``--out`` that is a file) ends in one line
+naming the flag, exit status 2, before anything is computed or written.
 """
 
 import datetime
@@ -52,7 +54,6 @@ import json
 import os
 import time
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -63,6 +64,8 @@ from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax.attention import pallas
 from coulomb_jax.attention.pallas import causal as causal_kernel
+from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
@@ -130,7 +133,7 @@ def fused_causal(feature_map, omega, q, k, v):
 def pallas_causal(feature_map, omega, q, k, v):
   scale = q.shape[-1] ** -0.25
   return pallas.pallas_causal_linear_attention(q * scale, k * scale, v, omega,
-                                                         feature_map=feature_map)
+                                              feature_map=feature_map)
 
 
 IMPLS = {'materialized': materialized, 'fused': fused,
@@ -190,11 +193,57 @@ def particles(key, learned):
   return omega
 
 
-def main(argv):
-  del argv
+OUTPUTS = ('attention.json', 'attention.md', 'attention_rows.jsonl')
+
+
+def check_flags(argv) -> None:
+  """Every flag, before anything is computed or written: one ``cli.ConfigError`` naming
+  the flag and its value."""
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
   unknown = sorted(set(_IMPLS.value) - set(IMPLS))
-  if unknown:
-    raise ValueError(f'--impls: unknown {unknown}; known: {sorted(IMPLS)}.')
+  if unknown or not _IMPLS.value:
+    raise cli.ConfigError(f'--impls: unknown {unknown or "(none given)"}; known: '
+                          f'{sorted(IMPLS)}.')
+  maps = features.names()
+  unknown = sorted(set(_MAPS.value) - set(maps))
+  if unknown or not _MAPS.value:
+    raise cli.ConfigError(f'--feature_maps: unknown {unknown or "(none given)"}; known: '
+                          f'{sorted(maps)}.')
+  for name in _DTYPES.value:
+    try:
+      floating = jnp.issubdtype(jnp.dtype(name), jnp.floating)
+    except TypeError:
+      floating = False
+    if not floating:
+      raise cli.ConfigError(f'--dtypes: expected floating dtypes (float32, bfloat16, ...), '
+                            f'got {name!r}.')
+  if not _DTYPES.value:
+    raise cli.ConfigError('--dtypes: expected floating dtypes (float32, bfloat16, ...), got '
+                          'none.')
+  for length in _LENGTHS.value:
+    try:
+      ok = int(length) >= 1
+    except ValueError:
+      ok = False
+    if not ok:
+      raise cli.ConfigError(f'--lengths: expected integers ≥ 1, got {length!r} in '
+                            f'{",".join(_LENGTHS.value)!r}.')
+  if not _LENGTHS.value:
+    raise cli.ConfigError('--lengths: expected integers ≥ 1, got none.')
+  for flag, low in ((_BATCH, 1), (_HEADS, 1), (_HEAD_DIM, 1), (_FEATURES, 1), (_CHUNK, 1),
+                    (_REPEATS, 1), (_PAIRS, 0)):
+    if flag.value < low:
+      raise cli.ConfigError(f'--{flag.name}: expected an integer ≥ {low}, got {flag.value}.')
+  if not _MAX_SECONDS.value >= 0:
+    raise cli.ConfigError(f'--max_seconds: expected a number ≥ 0 (0: no limit), got '
+                          f'{_MAX_SECONDS.value}.')
+  outputs.check_folder('--out', _OUT.value)
+  outputs.check_files_in('--out', _OUT.value, OUTPUTS)
+
+
+def main(argv):
+  check_flags(argv)
   # The commit of the code that runs, taken before this run writes anything: its
   # attention_rows.jsonl (tracked) would otherwise mark every run '-dirty'.
   commit = provenance.git_commit()
@@ -284,4 +333,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, config_flags=())

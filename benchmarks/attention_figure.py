@@ -10,7 +10,6 @@ draws time and memory against the sequence length L, one line per implementation
 import json
 import sys
 
-from absl import app
 from absl import flags
 
 from experiments.analysis import plots
@@ -19,7 +18,7 @@ from experiments.common import cli
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
   with open(_ATTENTION.value) as f:
     print(plots.attention_figure(_OUT.value, json.load(f)), file=sys.stdout)
 

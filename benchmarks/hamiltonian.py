@@ -12,14 +12,15 @@ default random Fourier features), λ = 0.5, s = "coulomb": the median wall time 
 
 Prints a markdown table and writes ``hamiltonian_<map>.json`` and
 ``hamiltonian_<map>.md`` into ``--out``. Times are after one warm-up call, each call ended by
-``block_until_ready``.
+``block_until_ready``. A bad flag value (an unknown ``--feature_map``, n below 2, a size
+below 1, an ``--out`` that is a file) ends in one line naming the flag, exit status 2,
+before anything is computed or written.
 """
 
 import datetime
 import json
 import os
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,8 @@ import jax.numpy as jnp
 from benchmarks.timing import median_seconds
 import coulomb_jax as cj
 from coulomb_jax import hamiltonian as hl
+from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
@@ -53,8 +56,40 @@ def fast_hamiltonian(omega, x, y):
   return hl.hamiltonian(omega, x, y, feature_map=_MAP.value, lam=LAM, s=S)
 
 
+def _ints(flag, low: int) -> None:
+  """One ``cli.ConfigError`` unless the list flag holds integers ≥ ``low`` (at least one)."""
+  for value in flag.value:
+    try:
+      ok = int(value) >= low
+    except ValueError:
+      ok = False
+    if not ok:
+      raise cli.ConfigError(f'--{flag.name}: expected integers ≥ {low}, got {value!r} in '
+                            f'{",".join(flag.value)!r}.')
+  if not flag.value:
+    raise cli.ConfigError(f'--{flag.name}: expected integers ≥ {low}, got none.')
+
+
+def check_flags(argv) -> None:
+  """Every flag, before anything is computed or written: one ``cli.ConfigError`` naming
+  the flag and its value."""
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  if _MAP.value not in cj.FEATURE_MAPS:
+    raise cli.ConfigError(f'--feature_map: unknown {_MAP.value!r}; known: '
+                          f'{sorted(cj.FEATURE_MAPS)}.')
+  _ints(_NS, 2)                      # the alignment pairs distinct samples: n ≥ 2
+  _ints(_NUMS, 1)
+  for flag in (_DIM, _REPEATS):
+    if flag.value < 1:
+      raise cli.ConfigError(f'--{flag.name}: expected an integer ≥ 1, got {flag.value}.')
+  outputs.check_folder('--out', _OUT.value)
+  outputs.check_files_in('--out', _OUT.value, [f'hamiltonian_{_MAP.value}.json',
+                                               f'hamiltonian_{_MAP.value}.md'])
+
+
 def main(argv):
-  del argv
+  check_flags(argv)
   fast = jax.jit(jax.value_and_grad(fast_hamiltonian))
   naive = jax.jit(jax.value_and_grad(naive_hamiltonian))
   rows = []
@@ -100,4 +135,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, config_flags=())

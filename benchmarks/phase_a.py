@@ -17,7 +17,10 @@ Three tables (median of repeated calls after one warm-up, ``block_until_ready``)
 3. ``runs`` (with ``--runs``): the measured ``phase_a_seconds`` and
    ``phase_b_seconds`` of finished ``experiments.train`` runs.
 
-Writes ``phase_a.json`` and ``phase_a.md``.
+Writes ``phase_a.json`` and ``phase_a.md``. A bad flag value (a map linear attention does
+not take, n below 2, a size below 1, a malformed ``--epochs``, a ``--runs`` folder that is
+not there, an ``--out`` that is a file) ends in one line naming the flag, exit status 2,
+before anything is computed or written.
 """
 
 import datetime
@@ -25,16 +28,18 @@ import glob
 import json
 import os
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.timing import median_seconds
+from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import training
 from coulomb_jax.layers import models
+from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import provenance
 
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output directory.')
@@ -142,8 +147,52 @@ def _share_table(steps, pairs, columns, share_key):
   return lines
 
 
+def _ints(flag, low: int) -> None:
+  """One ``cli.ConfigError`` unless the list flag holds integers ≥ ``low`` (at least one)."""
+  for value in flag.value:
+    try:
+      ok = int(value) >= low
+    except ValueError:
+      ok = False
+    if not ok:
+      raise cli.ConfigError(f'--{flag.name}: expected integers ≥ {low}, got {value!r} in '
+                            f'{",".join(flag.value)!r}.')
+  if not flag.value:
+    raise cli.ConfigError(f'--{flag.name}: expected integers ≥ {low}, got none.')
+
+
+def check_flags(argv) -> None:
+  """Every flag, before anything is computed or written: one ``cli.ConfigError`` naming
+  the flag and its value."""
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  maps = features.names(attention=True)        # the encoder's attention takes the map
+  if _MAP.value not in maps:
+    raise cli.ConfigError(f'--feature_map: expected a map of linear attention, one of '
+                          f'{sorted(maps)}, got {_MAP.value!r}.')
+  _ints(_NS, 2)                                # the alignment pairs distinct rows: n ≥ 2
+  _ints(_MS, 1)
+  _ints(_LENGTHS, 1)
+  for pair in _EPOCHS.value.split(':'):
+    try:
+      e_a, e_b = map(int, pair.split(','))
+      ok = e_a >= 0 and e_b >= 0 and e_a + e_b > 0
+    except ValueError:
+      ok = False
+    if not ok:
+      raise cli.ConfigError(f'--epochs: expected Phase A,B epoch pairs of integers ≥ 0, not '
+                            f'both 0, separated by colons (10,10:1,2), got {pair!r} in '
+                            f'{_EPOCHS.value!r}.')
+  if _REPEATS.value < 1:
+    raise cli.ConfigError(f'--repeats: expected an integer ≥ 1, got {_REPEATS.value}.')
+  if _RUNS.value:
+    outputs.check_folder('--runs', _RUNS.value, must_exist=True)
+  outputs.check_folder('--out', _OUT.value)
+  outputs.check_files_in('--out', _OUT.value, ('phase_a.json', 'phase_a.md'))
+
+
 def main(argv):
-  del argv
+  check_flags(argv)
   objective, steps = objective_rows(), step_rows()
   runs = run_rows(_RUNS.value) if _RUNS.value else []
   lines = ['## H + ∇H of one head (ms)', '', '| N \\ n | ' + ' | '.join(_NS.value) + ' |',
@@ -190,4 +239,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, config_flags=())
