@@ -59,8 +59,9 @@ def test_the_library_is_grouped_by_job_and_its_packages_import_downwards():
   top = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, 'coulomb_jax', '*.py')))
   packages = sorted(os.path.basename(os.path.dirname(p)) for p in
                     glob.glob(os.path.join(ROOT, 'coulomb_jax', '*', '__init__.py')))
-  assert packages == ['attention', 'baselines', 'features', 'layers', 'tasks', 'training']
-  assert top == ['__init__', '_checks', 'alignment', 'checks', 'conversion', 'diagnostics',
+  assert packages == ['attention', 'baselines', 'conversion', 'features', 'layers', 'tasks',
+                      'training']
+  assert top == ['__init__', '_checks', 'alignment', 'checks', 'diagnostics',
                  'hamiltonian', 'langevin', 'langevin_diagnostics', 'metrics', 'mimicry',
                  'parallel', 'repulsion']
   # The particle model and the attention paths never import the Flax side, training or a
