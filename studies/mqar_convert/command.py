@@ -4,10 +4,12 @@ r"""Convert trained softmax MQAR models to linear attention: fit the features, t
       --workdir=workdir/mqar/convert --results=results/mqar_conversion.json \
       --page=docs/recall.md
 
-Every finished ``softmax-*`` run under ``--teachers`` (``experiments.mqar``) is converted
-with each of ``--methods`` (``studies/mqar_convert/convert.py``: the teacher's weights
-copied in, the features fitted to the teacher's attention or left random, zero-shot
-accuracy, then ``--finetune_steps`` with the features frozen) into
+The settings are a config (``--config``, default ``studies/mqar_convert/config.py``: the
+methods, fit and fine-tuning steps, the fits' step sizes; ``--config.fit_steps=50``
+changes one). Every finished ``softmax-*`` run under ``--teachers`` (``experiments.mqar``)
+is converted with each of ``config.methods`` (``studies/mqar_convert/convert.py``: the
+teacher's weights copied in, the features fitted to the teacher's attention or left
+random, zero-shot accuracy, then ``config.finetune_steps`` with the features frozen) into
 ``<workdir>/<method>-<teacher run>/``; finished conversions are skipped, so a killed
 command resumes. ``--results`` is rewritten from every finished conversion under
 ``--workdir`` (never from fewer rows than it holds), ``--page`` gets the table between
@@ -25,10 +27,10 @@ alone (nothing else is written, no conversion is run):
 """
 
 import glob
-import json
 import os
 
 from absl import flags
+from ml_collections import config_flags
 
 from experiments.analysis import loading
 from experiments.analysis import run_files
@@ -126,6 +128,23 @@ def runs_from_results(runs_out: str) -> None:
   write_records(recs, runs_out)
 
 
+def check_config(config) -> None:
+  """The study's settings, before any compute: one ``cli.ConfigError`` naming the field."""
+  methods = list(config.methods)
+  bad = [m for m in methods if m not in convert.CONVERT_METHODS]
+  if bad or not methods:
+    raise cli.ConfigError(f'config.methods: names from {convert.CONVERT_METHODS}, got '
+                          f'{methods}.')
+  for name, low in (('fit_steps', 0), ('finetune_steps', 0)):
+    value = config[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+      raise cli.ConfigError(f'config.{name}: an integer >= {low}, got {value!r}.')
+  for name in ('hedgehog_learning_rate', 'particle_step_size'):
+    value = config[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float('inf'):
+      raise cli.ConfigError(f'config.{name}: a finite number > 0, got {value!r}.')
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
@@ -136,17 +155,16 @@ def main(argv):
     return
   if not FLAGS.workdir:
     raise cli.ConfigError('--workdir is required.')
-  for m in FLAGS.methods:
-    if m not in convert.CONVERT_METHODS:
-      raise cli.ConfigError(f'--methods: {m!r} is not one of {convert.CONVERT_METHODS}.')
+  config = FLAGS.config
+  check_config(config)
   found = teachers(FLAGS.teachers)
   metadata = provenance.run_metadata(MODULE)
   if not FLAGS.collect_only:
     for teacher in found:
-      for method in FLAGS.methods:
+      for method in config.methods:
         out = os.path.join(FLAGS.workdir, f'{method}-{os.path.basename(teacher)}')
-        convert.convert(teacher, method, out, FLAGS.fit_steps, FLAGS.finetune_steps,
-                        FLAGS.hedgehog_learning_rate, FLAGS.particle_step_size,
+        convert.convert(teacher, method, out, config.fit_steps, config.finetune_steps,
+                        config.hedgehog_learning_rate, config.particle_step_size,
                         metadata=metadata)
   rows = collect(FLAGS.workdir, FLAGS.results)
   if not rows:
@@ -166,11 +184,9 @@ def launch() -> None:
   """Defines the flags and runs the command: ``python -m studies.mqar_convert``."""
   flags.DEFINE_string('teachers', 'workdir/mqar/main', 'Folder of finished softmax MQAR runs.')
   flags.DEFINE_string('workdir', None, 'Folder of the conversions (one sub-folder each).')
-  flags.DEFINE_list('methods', list(convert.CONVERT_METHODS), 'Linear attentions to convert to.')
-  flags.DEFINE_integer('fit_steps', 200, 'Feature-fitting steps (hedgehog, particles_softmax).')
-  flags.DEFINE_integer('finetune_steps', 300, 'Fine-tuning steps, features frozen.')
-  flags.DEFINE_float('hedgehog_learning_rate', 3e-3, 'Adam step of the hedgehog fit.')
-  flags.DEFINE_float('particle_step_size', 3e-3, 'Langevin step η of the particles fit.')
+  config_flags.DEFINE_config_file('config', 'studies/mqar_convert/config.py',
+                                  'The study\'s settings (methods, steps, step sizes).',
+                                  lock_config=False)
   flags.DEFINE_string('results', 'results/mqar_conversion.json', 'Results file rewritten.')
   flags.DEFINE_string('page', '', 'Page whose mqar_conversion block is rewritten.')
   flags.DEFINE_bool('collect_only', False, 'Only rewrite --results (and --page).')

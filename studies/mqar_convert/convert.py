@@ -59,9 +59,9 @@ from experiments.common import provenance
 from experiments.recall import grid as grid_lib
 from experiments.recall import methods
 from experiments.recall import run as run_lib
+from studies.mqar_convert import config as study_config
 
-CONVERT_METHODS = ('favor_orthogonal', 'elu', 'softmaxfeat_trained', 'hedgehog',
-                   'particles_softmax')
+CONVERT_METHODS = study_config.METHODS
 FITTED = ('softmaxfeat_trained', 'hedgehog', 'particles_softmax')
 RESULT_FILE = 'result.json'
 

@@ -299,6 +299,25 @@ def test_a_teachers_corrupt_result_json_is_refused_naming_the_file(tmp_path):
     mqar_convert.teachers(str(tmp_path))
 
 
+@pytest.mark.parametrize('override, message', [
+    ('--config.fit_steps=-1', 'config.fit_steps: an integer >= 0, got -1.'),
+    ('--config.particle_step_size=0.0', 'config.particle_step_size: a finite number > 0, got 0.0.'),
+    ("--config.methods=('elu', 'favor')", "config.methods: names from ('favor_orthogonal', "
+     "'elu', 'softmaxfeat_trained', 'hedgehog', 'particles_softmax'), got ['elu', 'favor']."),
+])
+def test_the_mqar_conversion_settings_are_a_config_checked_before_any_teacher(tmp_path,
+                                                                               override,
+                                                                               message):
+  # Issue 37 item 4: the study's settings moved from flags to studies/mqar_convert/config.py.
+  proc = subprocess.run([sys.executable, '-m', 'studies.mqar_convert',
+                         f'--teachers={tmp_path / "none"}', f'--workdir={tmp_path / "w"}',
+                         f'--results={tmp_path / "r.json"}', override], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr == f'mqar_convert: error: {message}\n'
+  assert not os.listdir(tmp_path)
+
+
 def test_per_run_files_follow_out_by_default(tmp_path):
   # Issue 39 item 6: with --out, --docs and --figures outside the repository and no
   # --runs_out, the per-run files go under <--out>/runs/<grid>, not results/runs/.
