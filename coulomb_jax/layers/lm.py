@@ -30,14 +30,12 @@ import jax.numpy as jnp
 import optax
 from flax.training import train_state
 
-from flax import traverse_util
-
 from coulomb_jax import _checks
 from coulomb_jax import features
 from coulomb_jax import repulsion
 from coulomb_jax import training
-from coulomb_jax.layers import flax_attention
 from coulomb_jax.layers import models
+from coulomb_jax.training import interleaved
 from coulomb_jax.training import phase_a_mimicry
 
 LM_ATTENTIONS = ('softmax', 'kernel')
@@ -290,9 +288,7 @@ def _metrics_and_inputs(params, apply_fn, batch, num_answers=None):
   logits, state = apply_fn({'params': params}, batch.inputs, None, pos,
                            mutable=['intermediates'])
   loss, acc = mqar_loss_and_accuracy(logits, targets, mask)
-  flat = traverse_util.flatten_dict(state.get('intermediates', {}))
-  inputs = {k[:-1]: v[0] for k, v in flat.items() if k[-1] == flax_attention.MIMICRY_INPUTS}
-  return loss, (acc, inputs)
+  return loss, (acc, interleaved.sown_qk(state.get('intermediates')))
 
 
 def _sown_forces(params, inputs, settings: MimicrySettings, feature_map: str):
@@ -362,13 +358,11 @@ def train_step_fn(state: train_state.TrainState, batch,
     (loss, acc), grads = grad_fn(state.params, state.apply_fn, batch, num_answers)
   else:
     check_feature_map(getattr(state.apply_fn, '__self__', None), feature_map)
-    grad_fn = jax.value_and_grad(_metrics_and_inputs, has_aux=True)
-    (loss, (acc, inputs)), grads = grad_fn(state.params, state.apply_fn, batch, num_answers)
-    flat = traverse_util.flatten_dict(grads)
-    for path, force in mimicry_forces(state.params, inputs, mimicry, feature_map).items():
-      leaf = path + (training.PARTICLES,)
-      flat[leaf] = flat[leaf] + force if mimicry.with_task_gradient else force
-    grads = traverse_util.unflatten_dict(flat)
+    (loss, acc), grads = interleaved.interleaved_grads(
+        lambda p: _metrics_and_inputs(p, state.apply_fn, batch, num_answers), state.params,
+        feature_map=feature_map, lam=mimicry.lam, s=mimicry.riesz_s,
+        softening=mimicry.softening, target=mimicry.target, rows=mimicry.rows,
+        with_task_gradient=mimicry.with_task_gradient)
   return state.apply_gradients(grads=grads), {'loss': loss, 'accuracy': acc}
 
 

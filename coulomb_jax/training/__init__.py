@@ -49,12 +49,15 @@ which is per layer); layer l > 0 learns on the inputs it will see in Phase B.
 Modules: ``state`` (``TrainState``, the partition, ``phase_a_optimizer``,
 ``phase_b_optimizer``, per-leaf views), ``inputs`` (what a step reads from the batch and
 the model), ``phase_a`` (the label target), ``phase_a_mimicry`` (the softmax target),
-``phase_b``, ``schedule``. Every public name is here: ``training.make_phase_a_step``.
+``phase_b``, ``schedule``, ``interleaved`` (Phase A interleaved with training: the
+particles feel the softmax target's force in the same update as the task gradient). Every public name is here: ``training.make_phase_a_step``.
 """
 
+from coulomb_jax.training import interleaved
 from coulomb_jax.training import phase_a_mimicry
 from coulomb_jax.training.inputs import (PHASE_A_INPUTS, encoder_inputs, forward,
                                          phase_a_inputs, sown)
+from coulomb_jax.training.interleaved import interleaved_grads, make_interleaved_step
 from coulomb_jax.training.phase_a import (PHASE_A_TARGETS, heldout_alignment,
                                           make_phase_a_layer_step, make_phase_a_step,
                                           phase_a_forces, phase_a_objective,
@@ -70,7 +73,8 @@ from coulomb_jax.training.state import (PARTICLES, TrainState, attention_paths,
 __all__ = ['PARTICLES', 'PHASE_A_INPUTS', 'PHASE_A_TARGETS', 'SCHEDULES', 'Stage',
            'TrainState', 'attention_paths', 'cross_entropy', 'encoder_inputs',
            'first_nonfinite', 'first_selectable_epoch', 'forward', 'has_particles',
-           'heldout_alignment', 'make_phase_a_layer_step', 'make_phase_a_step',
+           'heldout_alignment', 'interleaved', 'interleaved_grads', 'make_interleaved_step',
+           'make_phase_a_layer_step', 'make_phase_a_step',
            'make_phase_b_step', 'make_predict', 'nonfinite_counts', 'particle_leaves',
            'partition_labels', 'phase_a_forces', 'phase_a_inputs', 'phase_a_mimicry',
            'phase_a_objective', 'phase_a_optimizer', 'phase_a_potential_range',
