@@ -58,6 +58,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from benchmarks import flag_checks
 from benchmarks.timing import median_seconds, paired_ratio
 from coulomb_jax import attention
 from coulomb_jax import features
@@ -221,16 +222,7 @@ def check_flags(argv) -> None:
   if not _DTYPES.value:
     raise cli.ConfigError('--dtypes: expected floating dtypes (float32, bfloat16, ...), got '
                           'none.')
-  for length in _LENGTHS.value:
-    try:
-      ok = int(length) >= 1
-    except ValueError:
-      ok = False
-    if not ok:
-      raise cli.ConfigError(f'--lengths: expected integers ≥ 1, got {length!r} in '
-                            f'{",".join(_LENGTHS.value)!r}.')
-  if not _LENGTHS.value:
-    raise cli.ConfigError('--lengths: expected integers ≥ 1, got none.')
+  flag_checks.check_ints(_LENGTHS, 1)
   for flag, low in ((_BATCH, 1), (_HEADS, 1), (_HEAD_DIM, 1), (_FEATURES, 1), (_CHUNK, 1),
                     (_REPEATS, 1), (_PAIRS, 0)):
     if flag.value < low:

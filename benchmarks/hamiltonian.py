@@ -25,6 +25,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from benchmarks import flag_checks
 from benchmarks.timing import median_seconds
 import coulomb_jax as cj
 from coulomb_jax import hamiltonian as hl
@@ -56,20 +57,6 @@ def fast_hamiltonian(omega, x, y):
   return hl.hamiltonian(omega, x, y, feature_map=_MAP.value, lam=LAM, s=S)
 
 
-def _ints(flag, low: int) -> None:
-  """One ``cli.ConfigError`` unless the list flag holds integers ≥ ``low`` (at least one)."""
-  for value in flag.value:
-    try:
-      ok = int(value) >= low
-    except ValueError:
-      ok = False
-    if not ok:
-      raise cli.ConfigError(f'--{flag.name}: expected integers ≥ {low}, got {value!r} in '
-                            f'{",".join(flag.value)!r}.')
-  if not flag.value:
-    raise cli.ConfigError(f'--{flag.name}: expected integers ≥ {low}, got none.')
-
-
 def check_flags(argv) -> None:
   """Every flag, before anything is computed or written: one ``cli.ConfigError`` naming
   the flag and its value."""
@@ -78,8 +65,8 @@ def check_flags(argv) -> None:
   if _MAP.value not in cj.FEATURE_MAPS:
     raise cli.ConfigError(f'--feature_map: unknown {_MAP.value!r}; known: '
                           f'{sorted(cj.FEATURE_MAPS)}.')
-  _ints(_NS, 2)                      # the alignment pairs distinct samples: n ≥ 2
-  _ints(_NUMS, 1)
+  flag_checks.check_ints(_NS, 2)                      # the alignment pairs distinct samples: n ≥ 2
+  flag_checks.check_ints(_NUMS, 1)
   for flag in (_DIM, _REPEATS):
     if flag.value < 1:
       raise cli.ConfigError(f'--{flag.name}: expected an integer ≥ 1, got {flag.value}.')

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import flag_checks
 from benchmarks.timing import median_seconds
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
@@ -147,20 +148,6 @@ def _share_table(steps, pairs, columns, share_key):
   return lines
 
 
-def _ints(flag, low: int) -> None:
-  """One ``cli.ConfigError`` unless the list flag holds integers ≥ ``low`` (at least one)."""
-  for value in flag.value:
-    try:
-      ok = int(value) >= low
-    except ValueError:
-      ok = False
-    if not ok:
-      raise cli.ConfigError(f'--{flag.name}: expected integers ≥ {low}, got {value!r} in '
-                            f'{",".join(flag.value)!r}.')
-  if not flag.value:
-    raise cli.ConfigError(f'--{flag.name}: expected integers ≥ {low}, got none.')
-
-
 def check_flags(argv) -> None:
   """Every flag, before anything is computed or written: one ``cli.ConfigError`` naming
   the flag and its value."""
@@ -170,9 +157,9 @@ def check_flags(argv) -> None:
   if _MAP.value not in maps:
     raise cli.ConfigError(f'--feature_map: expected a map of linear attention, one of '
                           f'{sorted(maps)}, got {_MAP.value!r}.')
-  _ints(_NS, 2)                                # the alignment pairs distinct rows: n ≥ 2
-  _ints(_MS, 1)
-  _ints(_LENGTHS, 1)
+  flag_checks.check_ints(_NS, 2)                                # the alignment pairs distinct rows: n ≥ 2
+  flag_checks.check_ints(_MS, 1)
+  flag_checks.check_ints(_LENGTHS, 1)
   for pair in _EPOCHS.value.split(':'):
     try:
       e_a, e_b = map(int, pair.split(','))

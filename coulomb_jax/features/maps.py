@@ -1,40 +1,8 @@
-r"""The library's feature maps φ(x; Ω) and their log ψ (registered in ``registry``).
-
-Every map has the signature ``phi = feature_map(x, omega)`` with
-
-* ``x: [..., d]`` inputs (any number of leading axes),
-* ``omega: [N, d]`` particles ω_1..ω_N,
-* ``phi: [..., F]`` features, F = N or 2N,
-
-and is scaled by 1/√N so that
-
-.. math:: \langle φ(x), φ(x')\rangle = \frac1N \sum_k ψ(x; ω_k)ᵀ ψ(x'; ω_k)
-
-is a Monte-Carlo estimate of a kernel k(x, x') = E_ω[ψ(x; ω)ᵀψ(x'; ω)].
-Inputs of any float dtype are accepted; features are computed and returned in
-at least float32 (bf16 inputs give float32 features).
-
-The paper names seven positive maps for attention without giving every formula.
-The formulas chosen here are in each docstring; write ``s = x ωᵀ`` (``[..., N]``).
-
-All maps except ``softmaxfeat`` are *separable*: feature k (for ``rff`` and
-``hedgehog``, the pair of features k) depends on ω_k only,
-so the alignment splits into a sum of one-particle potentials (see
-``is_separable``).
-
-For attention the seven positive maps and ``hedgehog`` (``KERNEL_ATTENTION_MAPS``)
-are also available in log space:
-``log_psi`` / ``attention_log_psi`` give log ψ without underflow (softplus-type
-features are ≈ e^z for very negative z, which float32 flushes to 0 below
-z ≈ −104, and ``porf_softplus``'s z = s − ‖x‖²/2 is ≈ −800 for inputs of norm 40),
-and ``attention_pair`` stabilises queries and keys together in that space
-(one shift per key feature over the real keys, one per query row). Every shift
-is a common factor of a query's row of φ(q)ᵀφ(k), so linear attention with
-these features is the exact ratio of the kernel at any input scale.
-
-Eager calls check that ``x`` and ``omega`` are finite (``_checks.check_finite``);
-under ``jit`` nothing is checked.
-"""
+r"""The library's feature maps φ(x; Ω) and their log ψ (registered in ``registry``): ``rff``,
+the paper's seven positive attention maps, ``hedgehog`` and ``taylor``. The conventions
+every map follows (shapes, the 1/√N scaling, separability, log space, what eager calls
+check) are in the package docstring (``coulomb_jax/features/__init__.py``); each map's
+formula is in its own docstring."""
 
 import math
 from typing import Callable, Optional, Sequence, Union

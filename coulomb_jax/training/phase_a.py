@@ -1,51 +1,8 @@
-r"""Phase A on the label target, as pure jitted steps (the softmax target: ``phase_a_mimicry``).
-
-**Phase A** moves only the particles Ω (every ``particles`` leaf, ``[H, M, D_h]``
-per layer) by projected Langevin dynamics (``langevin.langevin_transform``) on
-
-.. math::
-   H(Ω) = \sum_{l,h} \big[ −A(φ_{Ω_{l,h}}(r_{l,h}), y) + λ\,W_s(Ω_{l,h}) \big]
-
-where r_{l,h} ``[B, D_h]`` is the mean over real tokens of the (scaled) keys
-entering head h of layer l (``models.KernelAttention`` sows it as
-``phase_a_inputs``), y = 2·label − 1, A the alignment U-statistic and W_s the
-Riesz energy (``hamiltonian.hamiltonian_terms``). The representations are
-treated as data (``stop_gradient``): each head's particles feel the alignment of
-their own head, which is the core library's Hamiltonian with x = r. Every other
-parameter gets ``optax.set_to_zero`` and stays bit-identical.
-
-**The softmax target** (``phase_a.target = 'softmax'``): the same dynamics on
-Σ_{l,h} [CE_{l,h}(Ω_{l,h}) + λ W_s(Ω_{l,h})], CE the cross-entropy between softmax
-attention and the head's linear attention on its own queries and keys of the batch's
-real tokens, in ``coulomb_jax.training.phase_a_mimicry`` (its objective, step, forces,
-held-out attention KL and potentials).
-
-**Phase B** freezes the particles (``set_to_zero``) and trains the rest with
-AdamW under a linear warm-up + cosine schedule on the weighted cross-entropy.
-
-Both optimisers are one ``optax.partition`` over the labels of
-``partition_labels``. Steps take the key first-class: dropout uses
-``fold_in(key, step)``.
-
-**Any Flax model.** The step builders take the model's inputs as functions of the batch:
-``inputs(batch)`` gives the positional arguments of ``model.apply`` after the variables
-(default ``encoder_inputs``: ``models.EncoderClassifier``'s ``ids, segments, mask``),
-``apply_kwargs`` its keyword arguments (default for the encoder: ``deterministic``),
-``labels`` / ``weights`` / ``mask`` what each target reads. They work for any model whose
-attention layers are ``models.KernelAttention`` or
-``flax_attention.kernel_attention_fn(omega, sow_into=self)`` with ω from
-``models.particles_param``: those layers sow each target's data beside their particles.
-
-**Layer-wise Phase A** (``make_phase_a_layer_step``, ``attention_paths``): the
-same Hamiltonian, minimised one layer at a time. Because r_{l,h} is treated as
-data, layer l's term depends on the particles of layers < l only through its
-inputs, and on no other particles. Layer by layer, with the layers below already
-at their Phase A result, r_l is fixed for the whole stage: it can be computed once
-per example (one forward pass) and every Langevin step works on the cached
-``[B, H, D_h]`` inputs, with no encoder forward at all. Layer 0 follows the same
-dynamics as in the joint schedule (up to the noise draws and the clipping norm,
-which is per layer); layer l > 0 learns on the inputs it will see in Phase B.
-"""
+r"""Phase A on the label target, as pure jitted steps: ``make_phase_a_step`` (the softmax
+target: ``phase_a_mimicry``), the layer-wise ``make_phase_a_layer_step``, the objective,
+forces, potential ranges and held-out alignment. The Hamiltonian, what the steps read from
+any Flax model and why the layer-wise stages may cache their inputs are in the package
+docstring (``coulomb_jax/training/__init__.py``)."""
 
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
