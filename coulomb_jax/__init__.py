@@ -18,7 +18,8 @@ The library, grouped by job (imports go one way: nothing here imports ``experime
   the causal LM and its MQAR step);
 * ``training`` (the state, both phases' optimisers and steps, the label and the softmax
   targets, the schedules), ``mimicry`` (softmax as the particles' target), ``conversion``
-  (a trained Flax model to linear attention: ``record``, ``fit``), ``metrics``, ``checks``;
+  (a trained Flax model to linear attention: ``record``, ``fit``, ``fidelity``), ``metrics``,
+  ``checks``;
 * ``tasks`` (``tasks.synthetic``, ``tasks.mqar``, ``tasks.data``: the text data,
   tokenizer, batches, fingerprints) and ``baselines`` (``baselines.importance_sampling``).
 
