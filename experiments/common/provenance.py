@@ -210,8 +210,8 @@ def relativize_files(paths: Sequence[str], root: str = REPO_ROOT) -> dict:
 
 
 if __name__ == '__main__':
-  from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
+  from experiments.common import cli  # pylint: disable=g-import-not-at-top
 
   _RELATIVIZE = flags.DEFINE_bool('relativize', False, 'Rewrite absolute paths in the .json '
                                   'and .md files under the arguments as relative ones.')
@@ -219,10 +219,10 @@ if __name__ == '__main__':
 
   def main(argv):
     if not _RELATIVIZE.value or len(argv) < 2:
-      raise app.UsageError('usage: python -m experiments.common.provenance --relativize PATH...')
+      raise cli.ConfigError('usage: python -m experiments.common.provenance --relativize PATH...')
     changed = relativize_files(argv[1:], _ROOT.value)
     for name, count in changed.items():
       print(f'{name}: {count} path{"s" * (count != 1)} made relative to the repository root')
     print(f'{len(changed)} file{"s" * (len(changed) != 1)} rewritten')
 
-  app.run(main)
+  cli.run(main, config_flags=())

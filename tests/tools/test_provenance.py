@@ -97,3 +97,13 @@ def test_committed_results_and_docs_carry_no_absolute_paths(folder):
           if prefix in text:
             offenders.append(f'{os.path.join(base, name)}: {prefix}')
   assert not offenders
+
+
+def test_the_relativize_command_launches_through_cli_run(tmp_path):
+  # Issue 37 item 4: one launcher; a call without --relativize is one line, exit 2.
+  import subprocess  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run([sys.executable, '-m', 'experiments.common.provenance', str(tmp_path)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode == 2
+  assert proc.stderr == ('provenance: error: usage: python -m experiments.common.provenance '
+                         '--relativize PATH...\n')
