@@ -19,7 +19,8 @@ from coulomb_jax.conversion.record import (AttentionRecord, Path, split_heads, s
                                            stack_initial)
 
 FIT_METHODS = ('particles', 'gradient_flow', 'hedgehog')
-"""How ``fit_features`` moves the features (module docstring)."""
+"""How ``fit_features`` moves the features (the table in the package docstring)."""
+
 
 class FitSettings(NamedTuple):
   """The fit's constants (defaults: the mimicry study's, ``studies/softmax_mimicry/config.py``)."""
@@ -233,7 +234,6 @@ def fit_features(key: jax.Array, recorded: Sequence[Dict[Path, AttentionRecord]]
   omegas, head_losses = split_heads(omega, layout), split_heads(losses, layout, axis=1)
   _check_finite_fit(omegas, head_losses, method, steps)
   return omegas, head_losses
-
 
 
 def _check_finite_fit(omegas, losses, method: str, steps: int) -> None:

@@ -1,7 +1,6 @@
 """What a step reads from the batch and the model: the encoder's positional inputs, a forward
 pass, the intermediates the attention layers sow, the label target's labels and weights."""
 
-
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import flax.linen as nn
