@@ -65,13 +65,14 @@ from coulomb_jax.training.phase_a import (PHASE_A_TARGETS, heldout_alignment,
 from coulomb_jax.training.phase_b import cross_entropy, make_phase_b_step, make_predict
 from coulomb_jax.training.schedule import (SCHEDULES, Stage, first_selectable_epoch,
                                            phase_schedule)
-from coulomb_jax.training.state import (PARTICLES, TrainState, attention_paths,
+from coulomb_jax.training.state import (PARTICLES, TrainState, apply_particle_step,
+                                        attention_paths,
                                         first_nonfinite, has_particles, nonfinite_counts,
                                         particle_leaves, partition_labels, phase_a_optimizer,
                                         phase_b_optimizer, phase_b_schedule)
 
 __all__ = ['PARTICLES', 'PHASE_A_INPUTS', 'PHASE_A_TARGETS', 'SCHEDULES', 'Stage',
-           'TrainState', 'attention_paths', 'cross_entropy', 'encoder_inputs',
+           'TrainState', 'apply_particle_step', 'attention_paths', 'cross_entropy', 'encoder_inputs',
            'first_nonfinite', 'first_selectable_epoch', 'forward', 'has_particles',
            'heldout_alignment', 'interleaved', 'interleaved_grads', 'make_interleaved_step',
            'make_phase_a_layer_step', 'make_phase_a_step',

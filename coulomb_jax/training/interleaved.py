@@ -31,7 +31,7 @@ from flax import traverse_util
 from coulomb_jax import repulsion
 from coulomb_jax.layers import flax_attention
 from coulomb_jax.training.phase_a_mimicry import sown_forces
-from coulomb_jax.training.state import PARTICLES, TrainState, nonfinite_counts
+from coulomb_jax.training.state import PARTICLES, TrainState, apply_particle_step
 
 
 def interleaved_grads(loss_and_inputs: Callable, params, *, feature_map: str, lam: float,
@@ -81,8 +81,9 @@ def make_interleaved_step(model: nn.Module, optimizer: optax.GradientTransformat
     with_task_gradient: the particles get their task gradient plus the force (Hedgehog's
       distillation beside the task loss); False: the force alone.
 
-  Metrics: ``loss`` (before the step) and ``nonfinite_particles`` / ``nonfinite_grads``
-  (``training.nonfinite_counts``: a driver stops on the first non-zero count).
+  Metrics: ``loss`` (before the step), the particles' ``max_move`` and
+  ``nonfinite_particles`` / ``nonfinite_grads`` (``training.apply_particle_step``: a driver
+  stops on the first non-zero count).
   """
   kwargs = dict(apply_kwargs or {})
 
@@ -96,10 +97,7 @@ def make_interleaved_step(model: nn.Module, optimizer: optax.GradientTransformat
         lambda p: loss_and_inputs(p, batch), state.params, feature_map=feature_map, lam=lam,
         s=s, softening=softening, target=target, rows=rows,
         with_task_gradient=with_task_gradient)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {'loss': value, 'nonfinite_particles': nonfinite_counts(state.params),
-               'nonfinite_grads': nonfinite_counts(grads)}
-    return TrainState(state.step + 1, params, opt_state), metrics
+    new_state, moved = apply_particle_step(optimizer, state, grads)
+    return new_state, dict(loss=value, **moved)
 
   return step

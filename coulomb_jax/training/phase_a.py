@@ -16,7 +16,7 @@ from coulomb_jax import features
 from coulomb_jax import hamiltonian
 from coulomb_jax import langevin_diagnostics
 from coulomb_jax.training.inputs import _labels_and_weights, phase_a_inputs
-from coulomb_jax.training.state import (PARTICLES, TrainState, nonfinite_counts,
+from coulomb_jax.training.state import (PARTICLES, TrainState, apply_particle_step,
                                         particle_leaves)
 
 PHASE_A_TARGETS = ('labels', 'softmax')
@@ -119,16 +119,12 @@ def make_phase_a_step(model: nn.Module, optimizer: optax.GradientTransformation,
     y, w = _labels_and_weights(batch, labels, weights)
     (h, aux), grads = jax.value_and_grad(phase_a_objective, has_aux=True)(
         state.params, data, y, w, **objective)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    moves = [jnp.max(jnp.linalg.norm(u, axis=-1)) for u in particle_leaves(updates, only).values()]
-    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)),
-                   nonfinite_particles=nonfinite_counts(state.params, only),
-                   nonfinite_grads=nonfinite_counts(grads, only))
+    new_state, moved = apply_particle_step(optimizer, state, grads, only)
+    metrics = dict(aux, hamiltonian=h, **moved)
     if langevin_settings is not None:
       metrics.update(_force_metrics(state.params, data, y, w, objective, langevin_settings,
                                     only))
-    return TrainState(state.step + 1, params, opt_state), metrics
+    return new_state, metrics
 
   return step
 
@@ -152,16 +148,12 @@ def make_phase_a_layer_step(path: Sequence[str], optimizer: optax.GradientTransf
     inputs = {path: jax.lax.stop_gradient(r)}
     (h, aux), grads = jax.value_and_grad(phase_a_objective, has_aux=True)(
         state.params, inputs, labels, weights, **objective)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    move = traverse_util.flatten_dict(updates)[path + (PARTICLES,)]
-    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.linalg.norm(move, axis=-1)),
-                   nonfinite_particles=nonfinite_counts(state.params, path),
-                   nonfinite_grads=nonfinite_counts(grads, path))
+    new_state, moved = apply_particle_step(optimizer, state, grads, path)
+    metrics = dict(aux, hamiltonian=h, **moved)
     if langevin_settings is not None:
       metrics.update(_force_metrics(state.params, inputs, labels, weights, objective,
                                     langevin_settings, path))
-    return TrainState(state.step + 1, params, opt_state), metrics
+    return new_state, metrics
 
   return step
 

@@ -35,7 +35,7 @@ from coulomb_jax import mimicry
 from coulomb_jax import repulsion
 from coulomb_jax.layers import flax_attention
 from coulomb_jax.training.inputs import sown
-from coulomb_jax.training.state import (PARTICLES, TrainState, nonfinite_counts,
+from coulomb_jax.training.state import (PARTICLES, TrainState, apply_particle_step,
                                         particle_leaves)
 
 MIMICRY_INPUTS = flax_attention.MIMICRY_INPUTS
@@ -252,19 +252,15 @@ def make_phase_a_mimicry_step(model: nn.Module, optimizer: optax.GradientTransfo
       data = {only: data[only]}
     h, aux, g_ce, g_w = _mimicry_grads(state.params, data, token_mask_of(batch), kw)
     grads = jax.tree.map(lambda a, b: a + lam * b, g_ce, g_w)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    moves = [jnp.max(jnp.linalg.norm(u, axis=-1)) for u in particle_leaves(updates, only).values()]
-    metrics = dict(aux, hamiltonian=h, max_move=jnp.max(jnp.stack(moves)),
-                   nonfinite_particles=nonfinite_counts(state.params, only),
-                   nonfinite_grads=nonfinite_counts(grads, only))
+    new_state, moved = apply_particle_step(optimizer, state, grads, only)
+    metrics = dict(aux, hamiltonian=h, **moved)
     if langevin_settings is not None:
       ls = langevin_settings
       metrics.update(drift_to_noise=langevin_diagnostics.drift_to_noise(
           particle_leaves(grads, only), step_size=ls['step_size'], beta=ls['beta'],
           clip_norm=ls.get('clip_norm')), repulsion_to_alignment=langevin_diagnostics.force_ratio(
               particle_leaves(g_w, only), particle_leaves(g_ce, only), lam))
-    return TrainState(state.step + 1, params, opt_state), metrics
+    return new_state, metrics
 
   return step
 

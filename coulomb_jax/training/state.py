@@ -124,3 +124,18 @@ def first_nonfinite(metrics) -> Optional[Tuple[str, str, int, int]]:
       if heads.size:
         return what, leaf, int(heads[0]), int(per_head[heads[0]])
   return None
+
+
+def apply_particle_step(optimizer: optax.GradientTransformation, state: 'TrainState', grads,
+                        only: Optional[Sequence[str]] = None):
+  """``(state after the update, metrics)``: ``optimizer``'s update of ``grads`` applied, and
+  what every Phase A step reports of it: ``max_move`` = max_k ‖Δω_k‖ over the particle
+  leaves (of ``only``'s path when set), ``nonfinite_particles`` (before the move) and
+  ``nonfinite_grads`` (``nonfinite_counts``)."""
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  moves = [jnp.max(jnp.linalg.norm(u, axis=-1)) for u in particle_leaves(updates, only).values()]
+  metrics = dict(max_move=jnp.max(jnp.stack(moves)),
+                 nonfinite_particles=nonfinite_counts(state.params, only),
+                 nonfinite_grads=nonfinite_counts(grads, only))
+  return TrainState(state.step + 1, params, opt_state), metrics
