@@ -1,11 +1,14 @@
 r"""Drift against noise in Phase A: how far the alignment pulls a particle per step.
 
-  python -m studies.phase_a_drift --dataset=rotten_tomatoes --out=results
+  python -m studies.phase_a_drift --out=results --config.dataset=rotten_tomatoes
+
+(settings: ``studies/phase_a_drift/config.py``; ``--data_dir``, ``--workdir``, ``--out``
+and ``--trained_runs`` are where it reads and writes.)
 
 For each attention feature map, the Kernel-X model of ``configs/<dataset>.py`` is
 built as ``experiments/train.py`` builds it (same seed, data, tokenizer and
 initialisation), and its particles are projected onto the Phase A ball, where
-the first Langevin step puts them. On the first ``--batches`` Phase A batches it
+the first Langevin step puts them. On the first ``config.batches`` Phase A batches it
 measures, for every particle k of every layer and head, the deterministic part of
 one step of ``langevin.langevin_step``
 
@@ -24,7 +27,7 @@ initialised encoder, as in Phase A. Writes ``phase_a_drift_<dataset>.json`` and
 
 ``--trained_runs=<grid root>`` asks the counterfactual instead: what if Phase A
 saw *trained* representations? For each map it takes the finished Vanilla-X run
-``<root>/<dataset>/vanilla-<map>/seed<--trained_seed>`` (its kept,
+``<root>/<dataset>/vanilla-<map>/seed<config.trained_seed>`` (its kept,
 best-validation parameters and its tokenizer), projects its random particles
 onto the ball and measures the same statistics on its encoder. Writes
 ``phase_a_drift_<dataset>_trained.{json,md}``.
@@ -38,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
+from ml_collections import config_flags
 
 from configs import text as text_config
 from coulomb_jax import langevin
@@ -52,14 +56,11 @@ from experiments.run import stages
 from experiments.run import train_config
 
 # The flags (``_define_flags``), set when the command is launched.
-_DATASET = None
-_MAPS = None
-_BATCHES = None
+_CONFIG = None
 _DATA_DIR = None
 _WORKDIR = None
 _OUT = None
 _TRAINED_RUNS = None
-_TRAINED_SEED = None
 
 
 def _config(dataset, feature_map):
@@ -72,8 +73,8 @@ def _config(dataset, feature_map):
 
 def _check_finished(run_dir):
   if not run_folder.RunFolder(run_dir).exists(run_folder.RESULTS):
-    raise ValueError(f'--trained_runs: {run_dir} has no {run_folder.RESULTS} (not a finished '
-                     'run).')
+    raise cli.ConfigError(f'--trained_runs: {run_dir} has no {run_folder.RESULTS} (not a '
+                          'finished run).')
 
 
 def trained_params(run_dir):
@@ -137,19 +138,30 @@ def drift_stats(config, encoded, vocab_size, num_batches, params=None):
           'batches': num_batches}
 
 
+def check_config(config) -> None:
+  """One ``cli.ConfigError`` naming the field unless ``config`` can be measured."""
+  if config.dataset not in train_config.DATASETS:
+    raise cli.ConfigError(f'--config.dataset: expected one of '
+                          f'{sorted(train_config.DATASETS)}, got {config.dataset!r}.')
+  maps = config.feature_maps
+  bad = [m for m in maps if m not in text_config.MAPS] if isinstance(maps, tuple) else [maps]
+  if bad or not maps:
+    raise cli.ConfigError(f'--config.feature_maps: {bad or maps!r} not in {text_config.MAPS} '
+                          '(a tuple: --config.feature_maps="(\'elu\',)").')
+  if not isinstance(config.batches, int) or config.batches < 1:
+    raise cli.ConfigError(f'--config.batches: expected an integer >= 1, got '
+                          f'{config.batches!r}.')
+
+
 def main(argv):
   del argv
-  dataset = _DATASET.value
-  if dataset not in train_config.DATASETS:
-    raise ValueError(f'--dataset: expected one of {sorted(train_config.DATASETS)}, got {dataset!r}.')
-  bad = [m for m in _MAPS.value if m not in text_config.MAPS]
-  if bad:
-    raise ValueError(f'--feature_maps: {bad} not in {text_config.MAPS}.')
-  if _BATCHES.value < 1:
-    raise ValueError(f'--batches: expected an integer >= 1, got {_BATCHES.value}.')
+  config = _CONFIG.value
+  check_config(config)
+  dataset = config.dataset
   trained = bool(_TRAINED_RUNS.value)
-  run_dirs = {m: train_config.run_dir(_TRAINED_RUNS.value, dataset, f'vanilla-{m}', _TRAINED_SEED.value)
-              for m in _MAPS.value} if trained else {}
+  run_dirs = {m: train_config.run_dir(_TRAINED_RUNS.value, dataset, f'vanilla-{m}',
+                                      config.trained_seed)
+              for m in config.feature_maps} if trained else {}
   for run_dir in run_dirs.values():   # Every run is there before anything is computed.
     _check_finished(run_dir)
   # Every output path before any compute (issue 39 item 1).
@@ -162,28 +174,28 @@ def main(argv):
   # The data and tokenizer do not depend on the feature map: load them once (a trained
   # run: its own tokenizer).
   if not trained:
-    encoded, vocab_size = run_setup.load_data(_config(dataset, _MAPS.value[0]),
+    encoded, vocab_size = run_setup.load_data(_config(dataset, config.feature_maps[0]),
                                          run_folder.RunFolder(workdir))
   rows = {}
-  for feature_map in _MAPS.value:
-    config, params = _config(dataset, feature_map), None
+  for feature_map in config.feature_maps:
+    run_config, params = _config(dataset, feature_map), None
     if trained:
-      config.seed = _TRAINED_SEED.value
+      run_config.seed = config.trained_seed
       folder = run_folder.RunFolder(run_dirs[feature_map])
-      encoded, vocab_size = run_setup.load_data(config, folder)
+      encoded, vocab_size = run_setup.load_data(run_config, folder)
       params = trained_params(folder.path)
-    rows[feature_map] = drift_stats(config, encoded, vocab_size, _BATCHES.value, params)
+    rows[feature_map] = drift_stats(run_config, encoded, vocab_size, config.batches, params)
     print(feature_map, json.dumps(rows[feature_map]), flush=True)
-  a = _config(dataset, _MAPS.value[0]).phase_a
+  a = _config(dataset, config.feature_maps[0]).phase_a
   settings = {k: a[k] for k in ('step_size', 'beta', 'lam', 'clip_norm', 'radius',
                                 'batch_size', 'num_epochs')}
   meta = provenance.run_metadata('studies.phase_a_drift')
-  record = dict(meta, dataset=dataset, settings=settings, maps=rows,
+  record = dict(meta, dataset=dataset, config=config.to_dict(), settings=settings, maps=rows,
                 representations='trained' if trained else 'initialisation',
                 trained_runs=run_dirs)
   where = (f'the trained encoders of the finished Vanilla-X runs (best-validation '
-           f'parameters, seed {_TRAINED_SEED.value}: `{_TRAINED_RUNS.value}/{dataset}/'
-           f'vanilla-<map>/seed{_TRAINED_SEED.value}`), their random particles projected '
+           f'parameters, seed {config.trained_seed}: `{_TRAINED_RUNS.value}/{dataset}/'
+           f'vanilla-<map>/seed{config.trained_seed}`), their random particles projected '
            'onto the ball' if trained else
            "the initialised encoder (as train.py), particles projected onto the ball")
   title = 'trained encoders' if trained else 'at initialisation'
@@ -191,8 +203,8 @@ def main(argv):
            f"Command: `{meta['command']}`  ", f"Commit: {meta['commit']}  ",
            f"Date: {meta['date']}  ", f"Machine: {json.dumps(meta['machine'])}", '',
            f'Settings (the config defaults): {json.dumps(settings)}; representations: '
-           f'{where}; drift d = η·N·‖clip(∇H)_k‖ per particle over {_BATCHES.value} Phase A '
-           'batches; noise σ = √(2η/β)·√D_h per step.', '',
+           f'{where}; drift d = η·N·‖clip(∇H)_k‖ per particle over {config.batches} '
+           'Phase A batches; noise σ = √(2η/β)·√D_h per step.', '',
            '| map | median d | mean d | 90% d | σ | median d / σ | T steps | '
            'T·d / (σ·√T) | β* (d = σ) | mean alignment |',
            '|---|---|---|---|---|---|---|---|---|---|']
@@ -211,21 +223,18 @@ def main(argv):
 
 def _define_flags() -> None:
   """The command-line flags (defined by ``launch``, not at import: studies import side by side)."""
-  global _DATASET, _MAPS, _BATCHES, _DATA_DIR, _WORKDIR, _OUT, _TRAINED_RUNS, _TRAINED_SEED  # pylint: disable=global-statement
-  _DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(train_config.DATASETS)}.')
-  _MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS),
-                            'Attention feature maps (kernel-<map> variants).')
-  _BATCHES = flags.DEFINE_integer('batches', 20, 'Phase A batches the drift is measured on.')
+  global _CONFIG, _DATA_DIR, _WORKDIR, _OUT, _TRAINED_RUNS  # pylint: disable=global-statement
+  _CONFIG = config_flags.DEFINE_config_file('config', 'studies/phase_a_drift/config.py',
+                                            'The measurement\'s settings.', lock_config=True)
   _DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'The data folder.')
   _WORKDIR = flags.DEFINE_string('workdir', 'workdir/phase_a_drift',
                                  'Where the tokenizer is trained once and kept.')
   _OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
   _TRAINED_RUNS = flags.DEFINE_string('trained_runs', '', 'A grid root: measure on the trained '
                                       'encoders of its vanilla-<map> runs (see the docstring).')
-  _TRAINED_SEED = flags.DEFINE_integer('trained_seed', 0, 'Seed of those runs.')
 
 
 def launch() -> None:
   """Defines the flags and runs the command: ``python -m studies.phase_a_drift``."""
   _define_flags()
-  cli.run(main, config_flags=())
+  cli.run(main)

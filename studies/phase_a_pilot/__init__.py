@@ -1,6 +1,6 @@
 """Which Phase A settings make the particles learn, chosen on validation rows only
 (``docs/phase_a_learning.md``; ``results/phase_a_pilot_<dataset>.{json,md}``).
 
-``python -m studies.phase_a_pilot --runs=workdir/learn --dataset=rotten_tomatoes
---out=results/phase_a_pilot`` (``command``).
+``python -m studies.phase_a_pilot --runs=workdir/learn --out=results
+--config.dataset=rotten_tomatoes`` (``command``; settings in ``config``).
 """

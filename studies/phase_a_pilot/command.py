@@ -1,14 +1,17 @@
 r"""Which Phase A settings make the particles learn? Chosen on validation data only.
 
-  python -m studies.phase_a_pilot --runs=workdir/learn --dataset=rotten_tomatoes \
-      --out=results/phase_a_pilot
+  python -m studies.phase_a_pilot --runs=workdir/learn --out=results \
+      --config.dataset=rotten_tomatoes
+
+(settings: ``studies/phase_a_pilot/config.py``; ``--runs``, ``--workdir`` and ``--out``
+are where it reads and writes.)
 
 For every attention feature map it takes the finished (or prefix-saved) Vanilla-X
-run ``<runs>/<dataset>/vanilla-<map>/seed<--seed>`` of the ``after_b`` schedule,
+run ``<runs>/<dataset>/vanilla-<map>/seed<config.seed>`` of the ``after_b`` schedule,
 starts from its state at the end of the Phase B epochs before Phase A (its
 ``prefix``: the encoder Kernel-X's Phase A sees) and runs exactly the Phase A
 stages of ``experiments.train`` (``run_setup.run_stage``, layer by layer) under each
-named setting of ``SETTINGS``. It records the stages' diagnostics
+named setting of ``SETTINGS`` in ``config.py``. It records the stages' diagnostics
 (``phase_a_report.phase_a_report``): drift/noise, repulsion/alignment, Gibbs tilt,
 displacement against a noise-only walk, the share of particles inside the ball,
 and the held-out (validation rows) alignment A and centered alignment ρ of the
@@ -27,6 +30,7 @@ import os
 
 from absl import flags
 import ml_collections
+from ml_collections import config_flags
 import numpy as np
 
 from configs import text as text_config
@@ -38,30 +42,11 @@ from experiments.run import phase_a_report
 from experiments.run import run_folder
 from experiments.run import setup as run_setup
 from experiments.run import train_config
-
-# Named settings: config.phase_a overrides on top of the Vanilla-X run's config.
-_LEARN = dict(relative_step=0.01, gibbs_tilt=1e3, relative_lam=0.0)
-SETTINGS = {
-    # The paper's fixed η = 2e-3, β = 50, λ = 1e-3, s = d − 2 (as the config defaults).
-    'paper': dict(relative_step=0.0, gibbs_tilt=0.0, relative_lam=0.0),
-    'learn': _LEARN,
-    'step_0.003': dict(_LEARN, relative_step=0.003),
-    'step_0.03': dict(_LEARN, relative_step=0.03),
-    'tilt_1e2': dict(_LEARN, gibbs_tilt=1e2),
-    'tilt_1e4': dict(_LEARN, gibbs_tilt=1e4),
-    'repel_log': dict(_LEARN, relative_lam=1.0, riesz_s='0.0'),
-    'repel_s1': dict(_LEARN, relative_lam=1.0, riesz_s='1.0'),
-    'repel_coulomb': dict(_LEARN, relative_lam=1.0, riesz_s='coulomb'),
-    'radius_3': dict(_LEARN, radius=3.0),
-}
+from studies.phase_a_pilot import config as pilot_settings
 
 # The flags (``_define_flags``), set when the command is launched.
+_CONFIG = None
 _RUNS = None
-_DATASET = None
-_SEED = None
-_MAPS = None
-_SETTINGS = None
-_EPOCHS = None
 _WORKDIR = None
 _OUT = None
 
@@ -119,34 +104,46 @@ def _row(report):
           'step_size_layer0': first['step_size']}
 
 
+def check_config(config) -> None:
+  """One ``cli.ConfigError`` naming the field unless ``config`` is a runnable pilot."""
+  if config.dataset not in train_config.DATASETS:
+    raise cli.ConfigError(f'--config.dataset: expected one of {sorted(train_config.DATASETS)}, '
+                     f'got {config.dataset!r}.')
+  for field, allowed in (('settings', list(pilot_settings.SETTINGS)),
+                         ('feature_maps', list(text_config.MAPS))):
+    value = config[field]
+    bad = [v for v in value if v not in allowed] if isinstance(value, (tuple, list)) else [value]
+    if bad or not value:
+      raise cli.ConfigError(f'--config.{field}: {bad or value!r} not in {allowed} (a tuple: '
+                       f'--config.{field}="({allowed[0]!r},)").')
+  if not isinstance(config.phase_a_epochs, int) or config.phase_a_epochs < 0:
+    raise cli.ConfigError(f'--config.phase_a_epochs: expected an integer >= 0 (0: the run\'s '
+                     f'own), got {config.phase_a_epochs!r}.')
+
+
 def main(argv):
   del argv
-  dataset = _DATASET.value
-  if dataset not in train_config.DATASETS:
-    raise ValueError(f'--dataset: expected one of {sorted(train_config.DATASETS)}, got {dataset!r}.')
-  bad = [s for s in _SETTINGS.value if s not in SETTINGS]
-  if bad:
-    raise ValueError(f'--settings: {bad} not in {list(SETTINGS)}.')
-  bad = [m for m in _MAPS.value if m not in text_config.MAPS]
-  if bad:
-    raise ValueError(f'--feature_maps: {bad} not in {text_config.MAPS}.')
+  config = _CONFIG.value
+  check_config(config)
+  dataset = config.dataset
   # Every output path before any compute (issue 39 item 1).
   outputs.check_folder('--workdir', _WORKDIR.value)
   outputs.check_folder('--out', _OUT.value)
   outputs.check_files_in('--out', _OUT.value, [f'phase_a_pilot_{dataset}.json',
                                                f'phase_a_pilot_{dataset}.md'])
-  vanilla = {m: train_config.run_dir(_RUNS.value, dataset, f'vanilla-{m}', _SEED.value)
-             for m in _MAPS.value}
+  vanilla = {m: train_config.run_dir(_RUNS.value, dataset, f'vanilla-{m}', config.seed)
+             for m in config.feature_maps}
   for m, d in vanilla.items():
     if not run_folder.RunFolder(d).exists(checkpoints.PREFIX):
-      raise ValueError(f'--runs: {d} has no saved Phase B prefix ({checkpoints.PREFIX}/).')
+      raise cli.ConfigError(f'--runs: {d} has no saved Phase B prefix ({checkpoints.PREFIX}/).')
   rows = {}
-  for name in _SETTINGS.value:
-    for m in _MAPS.value:
-      config = pilot_config(vanilla[m], m, SETTINGS[name], _EPOCHS.value)
+  for name in config.settings:
+    for m in config.feature_maps:
+      run_config = pilot_config(vanilla[m], m, pilot_settings.SETTINGS[name],
+                                config.phase_a_epochs)
       workdir = os.path.join(_WORKDIR.value, dataset, name, m)
       try:
-        rows.setdefault(name, {})[m] = r = _row(run_phase_a(config, workdir))
+        rows.setdefault(name, {})[m] = r = _row(run_phase_a(run_config, workdir))
       except ValueError as e:      # A setting that cannot run here (e.g. no usable force).
         rows.setdefault(name, {})[m] = {'failed': str(e)}
         print(f'{name} {m}: failed: {e}', flush=True)
@@ -157,12 +154,13 @@ def main(argv):
            for name, maps in rows.items() if all('failed' not in r for r in maps.values())}
   chosen = max(gains, key=gains.get)
   meta = provenance.run_metadata('studies.phase_a_pilot')
-  record = dict(meta, dataset=dataset, seed=_SEED.value, runs=_RUNS.value,
-                settings={n: SETTINGS[n] for n in rows}, mean_gain=gains, chosen=chosen,
-                rows=rows)
+  record = dict(meta, dataset=dataset, seed=config.seed, runs=_RUNS.value,
+                config=config.to_dict(),
+                settings={n: pilot_settings.SETTINGS[n] for n in rows}, mean_gain=gains,
+                chosen=chosen, rows=rows)
   lines = [f'# Phase A pilot: {dataset} (validation rows only)', '',
-           f'Chosen: **{chosen}** ({json.dumps(SETTINGS[chosen])}), the largest mean over maps '
-           'of the held-out centered-alignment gain ρ(learned) − ρ(ball).', '',
+           f'Chosen: **{chosen}** ({json.dumps(pilot_settings.SETTINGS[chosen])}), the largest '
+           'mean over maps of the held-out centered-alignment gain ρ(learned) − ρ(ball).', '',
            f"Command: `{meta['command']}`  ", f"Commit: {meta['commit']}  ",
            f"Date: {meta['date']}  ", f"Machine: {json.dumps(meta['machine'])}", '',
            'ρ: centered alignment of each head\'s features with the labels on validation '
@@ -194,14 +192,10 @@ def main(argv):
 
 def _define_flags() -> None:
   """The command-line flags (defined by ``launch``, not at import: studies import side by side)."""
-  global _RUNS, _DATASET, _SEED, _MAPS, _SETTINGS, _EPOCHS, _WORKDIR, _OUT  # pylint: disable=global-statement
+  global _CONFIG, _RUNS, _WORKDIR, _OUT  # pylint: disable=global-statement
+  _CONFIG = config_flags.DEFINE_config_file('config', 'studies/phase_a_pilot/config.py',
+                                            'The pilot\'s settings.', lock_config=True)
   _RUNS = flags.DEFINE_string('runs', 'workdir/learn', 'Grid root of the after_b Vanilla-X runs.')
-  _DATASET = flags.DEFINE_string('dataset', 'rotten_tomatoes', f'One of {sorted(train_config.DATASETS)}.')
-  _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the Vanilla-X runs.')
-  _MAPS = flags.DEFINE_list('feature_maps', list(text_config.MAPS), 'Maps.')
-  _SETTINGS = flags.DEFINE_list('settings', list(SETTINGS), f'From {list(SETTINGS)}.')
-  _EPOCHS = flags.DEFINE_integer('phase_a_epochs', 0, 'Phase A epochs per layer (0: the '
-                                 "Vanilla-X run's config value).")
   _WORKDIR = flags.DEFINE_string('workdir', 'workdir/phase_a_pilot', 'Scratch folder.')
   _OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
 
@@ -209,4 +203,4 @@ def _define_flags() -> None:
 def launch() -> None:
   """Defines the flags and runs the command: ``python -m studies.phase_a_pilot``."""
   _define_flags()
-  cli.run(main, config_flags=())
+  cli.run(main)

@@ -2,6 +2,9 @@ r"""Reference row: TF-IDF (word uni+bigram) + logistic regression, C chosen on v
 
   python -m studies.tfidf_baseline --data_dir=../shared/data --out=results/tfidf
 
+(settings: ``studies/tfidf_baseline/config.py``: the tasks, the C grid, the validation
+rule; ``--data_dir`` and ``--out`` are where it reads and writes.)
+
 writes ``<out>/<task>.json`` for sst2, rotten_tomatoes and qqp_subset, with the
 same schema as a ``results.json`` of ``experiments.train`` where it makes sense
 (``variant='tfidf_logreg'``, ``validation`` and ``test`` metrics of
@@ -48,9 +51,7 @@ from experiments.common import cli
 from experiments.common import outputs
 from experiments.common import provenance
 
-TASKS = ('sst2', 'rotten_tomatoes', 'qqp_subset')
 VARIANT = 'tfidf_logreg'
-C_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 MIN_DF = 2
 TOKEN_PATTERN = r"(?u)[\w']+|[^\w\s]"
 MAX_ITER = 2000
@@ -86,7 +87,7 @@ def check_c_grid(c_grid) -> list:
   return values
 
 
-def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
+def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float], *,
               validation_rule: str = 'rows', meta: Optional[dict] = None,
               predictions_path: Optional[str] = None) -> dict:
   """Fits the reference on ``task``'s train split; returns a results dict (see module doc).
@@ -137,45 +138,55 @@ def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float] = C_GRID, *,
   return results
 
 
+def check_config(config) -> list:
+  """``config.c_grid`` as floats; one ``cli.ConfigError`` naming the field unless ``config``
+  can run (every check before any fit)."""
+  tasks = config.tasks
+  bad = [t for t in tasks if t not in data.TASKS] if isinstance(tasks, tuple) else [tasks]
+  if bad or not tasks:
+    raise cli.ConfigError(f'--config.tasks: {bad or tasks!r} not in {list(data.TASKS)} '
+                          '(a tuple: --config.tasks="(\'sst2\',)").')
+  if config.validation_rule not in data.VALIDATION_RULES:
+    raise cli.ConfigError(f'--config.validation_rule: expected one of '
+                          f'{list(data.VALIDATION_RULES)}, got {config.validation_rule!r}.')
+  if config.validation_rule == 'sentences' and tasks != ('sst2',):
+    raise cli.ConfigError(f"--config.validation_rule=sentences is for sst2 only, got tasks "
+                          f"{tasks!r} (pass --config.tasks=\"('sst2',)\").")
+  try:
+    return check_c_grid(config.c_grid)
+  except ValueError as e:
+    raise cli.ConfigError(f'--config.{e}') from None
+
+
 def launch() -> None:
   """Defines the flags and runs the command: ``python -m studies.tfidf_baseline``."""
-  from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
+  _CONFIG = config_flags.DEFINE_config_file('config', 'studies/tfidf_baseline/config.py',
+                                            'The reference row\'s settings.', lock_config=True)
   _DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'Folder of the offline data.')
   _OUT = flags.DEFINE_string('out', 'results/tfidf', "Folder for <task>.json (<task>_<rule>.json "
                              "for a validation rule other than 'rows').")
-  _TASKS = flags.DEFINE_list('tasks', list(TASKS), 'Tasks to run.')
-  _C_GRID = flags.DEFINE_list('c_grid', [f'{c:g}' for c in C_GRID], 'Inverse L2 strengths C.')
-  _RULE = flags.DEFINE_enum('validation_rule', 'rows', list(data.VALIDATION_RULES),
-                            "How validation is held out of train (data.load_split); "
-                            "'sentences' is for sst2 only.")
 
   def main(argv):
     if len(argv) > 1:
-      raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-    for task in _TASKS.value:             # Every flag checked before any fit.
-      if task not in TASKS:
-        raise app.UsageError(f'--tasks: expected names in {list(TASKS)}, got {task!r}.')
-      if _RULE.value == 'sentences' and task != 'sst2':
-        raise app.UsageError(f"--validation_rule=sentences is for sst2 only, got task {task!r} "
-                             f"(pass --tasks=sst2).")
-    try:
-      c_grid = check_c_grid(_C_GRID.value)
-    except ValueError as e:
-      raise app.UsageError(f'--{e}') from None
+      raise cli.ConfigError(f'unexpected arguments: {argv[1:]}')
+    config = _CONFIG.value
+    c_grid = check_config(config)
+    rule = config.validation_rule
     outputs.check_folder('--out', _OUT.value)        # before any fit (issue 39 item 1)
     meta = provenance.run_metadata('studies.tfidf_baseline')
     os.makedirs(_OUT.value, exist_ok=True)
-    for task in _TASKS.value:
-      predictions = os.path.join(_OUT.value, loading.reference_predictions_file(task, _RULE.value))
-      r = run_tfidf(task, _DATA_DIR.value, c_grid, validation_rule=_RULE.value, meta=meta,
+    for task in config.tasks:
+      predictions = os.path.join(_OUT.value, loading.reference_predictions_file(task, rule))
+      r = run_tfidf(task, _DATA_DIR.value, c_grid, validation_rule=rule, meta=meta,
                     predictions_path=predictions)
-      name = loading.reference_file(task, _RULE.value)
+      name = loading.reference_file(task, rule)
       provenance.write_json_atomic(os.path.join(_OUT.value, name), r, indent=1)
       v, t = r['validation'], r['test']
       print(f"{task}: C={r['C']:g} validation accuracy {v['accuracy']:.4f}; test accuracy "
             f"{t['accuracy']:.4f} MCC {t['mcc']:.4f} ECE {t['ece']:.4f} Brier {t['brier']:.4f} "
             f"({r['num_features']} features, {r['train_seconds']:.1f} s)", flush=True)
 
-  cli.run(main, config_flags=())
+  cli.run(main)
