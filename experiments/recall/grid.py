@@ -18,6 +18,7 @@ import json
 import os
 from typing import Dict, List, Tuple
 
+from experiments.analysis import intervals
 from experiments.recall import methods
 
 GRIDS = {
@@ -283,6 +284,63 @@ def _std(values):
   return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
 
+# The pair that isolates the Coulomb terms: the same mimicry target and Langevin step, with
+# the repulsion felt and the noise on (first) and with λ = 0 and no noise (second).
+COULOMB_PAIR = ('particles_softmax', 'particles_flow')
+
+
+def coulomb_effect(rows: List[dict], best: dict) -> dict:
+  r"""``{"L/P/width": ...}``: what the Coulomb terms change, per cell where both methods of
+  ``COULOMB_PAIR`` have a best rate in ``best`` (``zoology_best(rows)``).
+
+  At each method's own chosen rate (and η), over the seeds s both have run there:
+  d_s = acc(particles_softmax, s) − acc(particles_flow, s); ``difference`` is
+  ``{mean, std (ddof 1), n}`` of d and ``interval_95`` d̄ ± t_{0.975, n−1}·std/√n
+  (``intervals.seed_interval``; None below two seeds). ``seed0_by_rate``: the same
+  difference at seed 0 at every rate both have run (each at its chosen η), the rate's
+  window side by side. ``calibration``: the particles_softmax runs' force ratio
+  (repulsion / target force at step 0) and drift-to-noise, at the chosen rate.
+  """
+  first, second = COULOMB_PAIR
+  out = {}
+  for key in sorted(best, key=lambda k: [int(x) if x.isdigit() else x for x in k.split('/')]):
+    cell, method = key.rsplit('/', 1)
+    if method != first or f'{cell}/{second}' not in best:
+      continue
+    seq_len, num_pairs, width = (int(x) for x in cell.split('/'))
+
+    def runs_of(name, entry=None, _cell=(seq_len, num_pairs, width)):
+      eta = (entry or best[f'{cell}/{name}']).get('particle_step_size')
+      return [r for r in rows
+              if (r['seq_len'], r['num_pairs'], r['width'], r['method']) == (*_cell, name)
+              and (eta is None or r.get('particle_step_size') == eta)]
+
+    chosen = {}
+    for name in COULOMB_PAIR:
+      lr = best[f'{cell}/{name}']['learning_rate']
+      chosen[name] = {r['seed']: r for r in runs_of(name) if r['learning_rate'] == lr}
+    seeds = sorted(set(chosen[first]) & set(chosen[second]))
+    d = [chosen[first][s]['accuracy'] - chosen[second][s]['accuracy'] for s in seeds]
+    summary = {'mean': float(sum(d) / len(d)) if d else None, 'std': float(_std(d)),
+               'n': len(d)}
+    by_rate = {}
+    for name in COULOMB_PAIR:
+      for r in runs_of(name):
+        if r['seed'] == 0:
+          by_rate.setdefault(r['learning_rate'], {})[name] = r['accuracy']
+    calib = [r.get('calibration', {}) for r in chosen[first].values()]
+    out[cell] = {
+        'methods': list(COULOMB_PAIR),
+        'learning_rates': [best[f'{cell}/{n}']['learning_rate'] for n in COULOMB_PAIR],
+        'seeds': seeds, 'difference': summary,
+        'interval_95': intervals.seed_interval(summary),
+        'seed0_by_rate': {f'{lr:g}': v[first] - v[second]
+                          for lr, v in sorted(by_rate.items()) if len(v) == 2},
+        'calibration': {k: sorted(c[k] for c in calib if k in c)
+                        for k in ('force_ratio', 'drift_to_noise')}}
+  return out
+
+
 RUN_FIELDS = ('seq_len', 'num_pairs', 'width', 'method', 'learning_rate', 'seed', 'accuracy',
               'steps_run', 'state_size', 'commit', 'machine')
 """The binding fields of a ``results/mqar_zoology.json`` run (then the rest of its row)."""
@@ -343,7 +401,9 @@ def zoology_file(runs: List[dict], pilots: List[dict], protocol: dict) -> dict:
   shape = lambda r: dict({k: r[k] for k in RUN_FIELDS},
                          **{k: v for k, v in r.items() if k not in RUN_FIELDS})
   runs = [shape(r) for r in sort(runs)]
-  return {'protocol': protocol, 'runs': runs, 'best': zoology_best(runs),
+  best = zoology_best(runs)
+  return {'protocol': protocol, 'runs': runs, 'best': best,
+          'coulomb_effect': coulomb_effect(runs, best),
           'pilots': [shape(r) for r in sort(pilots)]}
 
 

@@ -93,6 +93,25 @@ def Line2D(*args, **kwargs):  # pylint: disable=invalid-name
   return lines.Line2D(*args, **kwargs)
 
 
+def coulomb_lines(effect: dict) -> list:
+  """One line per cell of ``grid.coulomb_effect``: what the repulsion and the noise change."""
+  if not effect:
+    return []
+  first, second = next(iter(effect.values()))['methods']
+  lines = ['', f'Coulomb terms: {first} − {second}, paired by seed at each one\'s chosen '
+           'rate (95% interval over seeds; none below two seeds), and at seed 0 rate by rate:']
+  for cell, e in effect.items():
+    seq_len, pairs, width = cell.split('/')
+    d, ci = e['difference'], e['interval_95']
+    where = f'[{ci[0]:+.3f}, {ci[1]:+.3f}]' if ci else 'no interval'
+    rates = ', '.join(f'{lr} {v:+.3f}' for lr, v in e['seed0_by_rate'].items())
+    ratio = ', '.join(f'{x:.3g}' for x in e['calibration'].get('force_ratio', []))
+    lines.append(f'- L = {seq_len}, {pairs} pairs, width {width}: {d["mean"]:+.3f} '
+                 f'(n = {d["n"]}, {where}); seed 0 by rate: {rates}; repulsion / target '
+                 f'force at step 0: {ratio or "not recorded"}.')
+  return lines
+
+
 def table_lines(tables) -> list:
   lines = []
   for label, table in tables:
@@ -116,6 +135,7 @@ def table_lines(tables) -> list:
                    f'{state[(int(seq_len), int(width), method)]} | '
                    f'{b["learning_rate"]:g}{eta} | {a["mean"]:.3f} ± {a["std"]:.3f} ({a["n"]}) '
                    f'| {1 / int(pairs):.3f} | {b["rates_tried"]} |')
+    lines += coulomb_lines(table.get('coulomb_effect', {}))
     for failed in table.get('failed_programs', []):
       lines.append(f'\nFailed program `{failed["program"]}`: {failed["error"]}')
     commits = sorted({r.get('commit', 'unknown') for r in table['runs']})

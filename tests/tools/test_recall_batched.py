@@ -12,6 +12,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from scipy import stats
 
 from configs import mqar as mqar_config
 from experiments.recall import batched
@@ -118,6 +119,37 @@ def test_rate_and_step_size_are_chosen_together_on_seed_0():
   assert (best['learning_rate'], best['particle_step_size']) == (1e-3, 3e-3)
   assert best['accuracy']['n'] == 2 and best['accuracy']['mean'] == pytest.approx(0.7)
   assert best['rates_tried'] == 2 and best['step_sizes_tried'] == 2
+
+
+def test_the_coulomb_effect_pairs_the_two_particle_methods_by_seed_at_their_best_rates():
+  # particles_softmax − particles_flow at each one's own chosen rate, over the seeds both
+  # have there; the interval is t_{0.975, n−1}·std/√n around the mean, by hand.
+  def row(method, lr, seed, valid, acc, ratio=None):
+    r = dict(_row(lr, 1e-2, seed, valid, acc), method=method)
+    if ratio is not None:
+      r['calibration'] = {'force_ratio': ratio, 'drift_to_noise': 1.0}
+    return r
+  rows = [row('particles_softmax', 1e-3, 0, 0.9, 0.50, 0.1),
+          row('particles_softmax', 1e-2, 0, 0.2, 0.20, 0.1),
+          row('particles_softmax', 1e-3, 1, 0.0, 0.60, 0.12),
+          row('particles_softmax', 1e-3, 2, 0.0, 0.70, 0.09),
+          row('particles_flow', 1e-2, 0, 0.8, 0.40), row('particles_flow', 1e-3, 0, 0.3, 0.45),
+          row('particles_flow', 1e-2, 1, 0.0, 0.40), row('particles_flow', 1e-2, 2, 0.0, 0.55),
+          row('particles_flow', 1e-3, 1, 0.0, 0.99)]   # not at flow's chosen rate: unused
+  effect = grid_lib.coulomb_effect(rows, grid_lib.zoology_best(rows))
+  e = effect['64/4/64']
+  assert e['learning_rates'] == [1e-3, 1e-2] and e['seeds'] == [0, 1, 2]
+  d = np.array([0.50 - 0.40, 0.60 - 0.40, 0.70 - 0.55])
+  half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
+  assert e['difference']['mean'] == pytest.approx(d.mean())
+  assert e['difference']['std'] == pytest.approx(d.std(ddof=1))
+  assert e['interval_95'] == pytest.approx([d.mean() - half, d.mean() + half])
+  assert e['seed0_by_rate'] == pytest.approx({'0.001': 0.50 - 0.45, '0.01': 0.20 - 0.40})
+  assert e['calibration']['force_ratio'] == [0.09, 0.1, 0.12]
+  # One method alone in a cell: no entry; one seed: no interval.
+  assert grid_lib.coulomb_effect(rows[:4], grid_lib.zoology_best(rows[:4])) == {}
+  one = [r for r in rows if r['seed'] == 0]
+  assert grid_lib.coulomb_effect(one, grid_lib.zoology_best(one))['64/4/64']['interval_95'] is None
 
 
 @pytest.mark.slow
