@@ -15,9 +15,9 @@ two terms for logging.
 Precision: every function takes ``precision`` (``jax.lax.Precision``, ``'default'``,
 ``'high'``, ``'highest'`` or None) for all its matrix products (the features xΩᵀ, the
 label sums, the pair distances), applied as ``jax.default_matmul_precision`` while the
-function is traced. None, the default, is the backend's: exact float32 on CPU (where the
-tests' tolerances were measured), TF32 on recent NVIDIA GPUs and one bf16 pass on TPU;
-``'highest'`` keeps float32 products everywhere, at a cost in speed.
+function is traced. None, the default, is the backend's: exact float32 on CPU, TF32 on
+recent NVIDIA GPUs and one bf16 pass on TPU; ``'highest'`` keeps float32 products
+everywhere. Where the tests' tolerances hold: docs/performance.md#hamiltonian-module.
 """
 
 import contextlib

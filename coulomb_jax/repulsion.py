@@ -8,16 +8,12 @@ r"""Riesz (Coulomb) repulsion between particles.
 when d = 2). The softening ε keeps g_s and its gradient finite for coincident
 particles.
 
-Numerics. The power is evaluated in log space, g_s = exp(−(s/2)·log(‖r‖² + ε²)),
-so it never overflows before the result does: g_s ≤ ε^{−s}. The default
-ε = 0.5 is chosen so that the energy and its gradient are finite in float32 for
-every s ≤ 100 (ε^{−100} ≈ 1.3e30 leaves room for sums over particles and the
-gradient's factor s/ε²; s = 62 or 64 in d = 64 stays below 2e19), coincident
-particles included. With ``softening = 0`` two coincident particles give an
-infinite energy (the self pair is always excluded safely). Far pairs at large s underflow to 0, as their true value is below
-float32's range. Squared distances use the Gram form ‖a‖² + ‖b‖² − 2aᵀb
-(O(N²) memory instead of O(N²·d)), clamped at 0; its rounding error is far
-below ε² for the default softening.
+Numerics. The power is evaluated in log space, g_s = exp(−(s/2)·log(‖r‖² + ε²)), so
+g_s ≤ ε^{−s}: with the default ε = 0.5 the energy and its gradient are finite in float32
+for every s ≤ 100, coincident particles included. With ``softening = 0`` two coincident
+particles give an infinite energy (the self pair is always excluded safely). Far pairs at
+large s underflow to 0. Squared distances use the Gram form ‖a‖² + ‖b‖² − 2aᵀb (O(N²)
+memory instead of O(N²·d)), clamped at 0. Why these are safe: docs/math.md#repulsion-module.
 """
 
 from typing import Optional, Union

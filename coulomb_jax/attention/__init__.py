@@ -18,12 +18,10 @@ denominator is guarded by ``eps``, and the output has ``v``'s dtype.
 Causal (no output depends on a later token, at any input scale, on every path):
 ``fused_causal_linear_attention(q, k, v, omega, feature_map=...)`` computes the features
 from the particles chunk by chunk and is exact at any input scale for every map (what
-``models.KernelAttention(causal=True)`` uses; ``implementation='auto'`` takes the Pallas
-causal kernel when lowered for cuda); ``materialized_causal_attention`` (same arguments)
-materialises the L×L weights with per-token shifts (the fastest on CPU for short L);
-``causal_linear_attention`` and ``materialized_causal_linear_attention`` take stored
-features and are causal when those are per-token (not ``features.attention_pair``'s,
-whose key shift is a max over all keys).
+``models.KernelAttention(causal=True)`` uses); ``materialized_causal_attention`` (same
+arguments) materialises the L×L weights with per-token shifts; ``causal_linear_attention``
+and ``materialized_causal_linear_attention`` take stored features and are causal when those
+are per-token (not ``features.attention_pair``'s, whose key shift is a max over all keys).
 
 Exact at any input scale: give ``linear_attention`` the features of
 ``features.attention_pair`` (every map shifted in log space, one shift per key
@@ -34,10 +32,9 @@ kernels), which computes the features from the particles itself.
 
 Precision: every path takes ``precision`` (``jax.lax.Precision``, ``'default'``,
 ``'high'``, ``'highest'`` or None) for all its matrix products. None, the default, is
-the backend's: exact float32 on CPU (where every accuracy in these docstrings and the
-tests was measured), TF32 for float32 products on recent NVIDIA GPUs (XLA and Triton)
-and one bf16 pass on TPU, where those accuracies do not hold; ``'highest'`` keeps
-float32 on every platform, at a cost in speed.
+the backend's: exact float32 on CPU, TF32 for float32 products on recent NVIDIA GPUs (XLA
+and Triton), one bf16 pass on TPU; ``'highest'`` keeps float32 on every platform.
+Path choice and where the accuracies hold: docs/performance.md#attention-package.
 
 Three modules: ``xla`` holds the XLA implementations and checks,
 ``pallas`` the kernels (it imports ``xla``), and this module
@@ -114,8 +111,8 @@ def fused_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omega: jax.
       64, d and D powers of two ≥ 16; and, on a GPU host,
       ``pallas.use_by_default``: one device, kernels that compile), ``'xla'``
       for CPU, TPU and everything else. (``'pallas'`` lowered for tpu takes the Mosaic
-      kernels of ``pallas.tpu`` for six maps, never run on a TPU, which is
-      why ``'auto'`` does not; for softmaxfeat it is a ValueError.)
+      kernels of ``pallas.tpu`` for six maps, never run on a TPU; for softmaxfeat it is a
+      ValueError.) Why: docs/performance.md#what-has-and-has-not-run-on-a-device.
     precision: of every matrix product (``linear_attention``'s argument; None: the
       backend's default, TF32 for float32 on recent NVIDIA GPUs, bf16 passes on TPU).
   """
@@ -170,7 +167,7 @@ def fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, omeg
       (``pallas.pallas_causal_linear_attention`` with its default chunk of 64:
       one GPU kernel, interpreted on CPU, a ValueError when lowered for tpu; not exact at
       large inputs for favor, porf_softplus and softmaxfeat, and its gradient is the
-      stored-feature XLA path's) or ``'auto'``: decided by the platform the program is
+      fused XLA path's) or ``'auto'``: decided by the platform the program is
       lowered for (``jax.lax.platform_dependent``), not the host, as
       ``fused_linear_attention``'s: the kernel for cuda when the map and shape suit it
       (``pallas.shape_supported``; on a GPU host also one device), the XLA

@@ -116,19 +116,11 @@ def causal_linear_attention(q_feat: jax.Array, k_feat: jax.Array, v: jax.Array,
   Args: as ``linear_attention`` (``precision`` included), plus ``chunk_size`` C ≥ 1
   (L need not be a multiple of it: the tail is padded with masked keys).
 
-  **Not exact at large inputs for favor, porf_softplus and softmaxfeat.** The
-  bidirectional paths are exact at any input scale (issue 16); here the features'
-  log-space shifts (over all keys, or running maxima per chunk in
-  ``pallas_causal_linear_attention``) need not suit an early query's prefix, whose
-  terms can underflow. Measured against the float64 causal kernel ratio (12 tokens of
-  norm r, 2 heads, d = 8, 16 features; ``tests/library/test_attention.py``): max error
-  ≤ 2e-6 for every map at r = 1 and for elu, softplus, sigmoid2, cos2 at r = 8 and,
-  in that test's draw, 40; 0.6–1.4 for favor and porf_softplus at r = 8, and up to 2.4
-  for favor, porf_softplus and softmaxfeat at r = 40. Even for elu, softplus and sigmoid2
-  at r = 40 this is not a guarantee: a query row whose causal denominator falls below
-  ``eps`` is clamped there and comes out wrong (an outside review found such a row). ``xla_fused_causal_linear_attention``
-  (``attention.fused_causal_linear_attention``, what ``models.KernelAttention`` uses)
-  is exact for every map at every scale: use it with those maps.
+  **Not exact at large inputs for favor, porf_softplus and softmaxfeat**: the features'
+  log-space shifts (over all keys) need not suit an early query's prefix, whose terms can
+  underflow; a query row whose causal denominator falls below ``eps`` is clamped there and
+  comes out wrong. Measured errors and the exact path:
+  docs/performance.md#attentionxlacausal_linear_attention.
   """
   _check(q_feat, k_feat, v, key_mask)
   chunk = _checks.check_int('chunk_size', chunk_size, 1)
@@ -214,10 +206,10 @@ def xla_materialized_causal_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   Causal at any input scale: nothing that row i computes reads a token after i (no shift
   is shared across positions), so its outputs are bit-identical whatever the later tokens
   are. Exact wherever no p_ij of a query's prefix underflows (q_i's and k_j's largest
-  features more than ~87 nats apart in float32: very large inputs of favor-type maps);
-  ``xla_fused_causal_linear_attention`` is exact at every scale. Time O(L²·(F + D)),
-  memory O(L²) per head, all in matmuls: on CPU the fastest causal path for short
-  sequences. A query with no real key at or before it gets 0.
+  features more than ~87 nats apart in float32: very large inputs of favor-type maps).
+  Time O(L²·(F + D)), memory O(L²) per head, all in matmuls. A query with no real key at
+  or before it gets 0.
+  Path choice: docs/performance.md#attentionxlaxla_materialized_causal_attention.
 
   Args: as ``xla_fused_causal_linear_attention`` (q, k ``[B, L, H, d]``, v ``[B, L, H, D]``,
   omega ``[H, M, d]``, key_mask ``[B, L]``, eps, ``precision``), without the chunk.
@@ -384,9 +376,9 @@ def xla_fused_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     earlier or a later key does can make a query's terms underflow.
 
   Time O(L·F·(C + D)), memory O(C²·F + F·D) per batch row and head beyond the inputs.
-  ``xla.causal_linear_attention`` on stored features is exact only where
-  no prefix underflows (its docstring); this path is exact for every map. A query
-  with no real key at or before it gets 0.
+  Exact for every map at every input scale (against the other causal paths:
+  docs/performance.md#attentionxlaxla_fused_causal_linear_attention). A query with no real
+  key at or before it gets 0.
 
   Args: as ``xla_fused_linear_attention`` (q, k ``[B, L, H, d]``, v ``[B, L, H, D]``,
   omega ``[H, M, d]``, key_mask ``[B, L]``, ``precision``), with ``chunk_size`` C ≥ 1.

@@ -15,29 +15,11 @@ reweight the candidates by the solution of
 (the χ² ball; the paper's default ρ = 0.005·N_w), then draw D features i.i.d.
 from q and use φ_D(x) = √(2/D)·cos(Wᵀx + b) on the drawn (w, b).
 
-The paper's scores are unnormalised, (Σ_i y_i φ_m(x_i))²; the 1/n² here is a
-positive rescaling of v, which does not change the maximiser of a linear
-objective over a fixed convex set (``solve_weights`` is invariant to v ↦ αv + c,
-α > 0, and normalises v internally).
-
-How ``solve_weights`` solves the problem (a reparametrised dual bisection):
-for a multiplier λ > 0 of the ball, the maximiser over the simplex of
-qᵀv − (λ/2)‖q − u‖² is q = Π_Δ(u + v/λ) = (u + v/λ − τ)_+, i.e.
-
-.. math:: q(θ)_m = \frac{(v_m − θ)_+}{\sum_k (v_k − θ)_+},\qquad
-   λ = \sum_k (v_k − θ)_+ ,
-
-one threshold θ < max v per λ (λ decreases as θ grows). ‖q(θ) − u‖ is
-non-decreasing in θ, from 0 (θ → −∞) to 1/|S| − 1/N_w (squared) at
-θ → max v, where q is uniform on S = argmax v. Hence:
-
-1. if 1/|S| − 1/N_w ≤ ρ/N_w, the ball is inactive: return the LP solution
-   (uniform on S; this covers constant v, where q = u);
-2. else, if θ ≤ min v, the solution is interior to the simplex and in closed
-   form: q = u + r(v − v̄)/‖v − v̄‖, r = √(ρ/N_w) (accepted if q ≥ 0);
-3. else bisect θ ∈ [min v, max v], keeping ‖q(lo) − u‖ ≤ r < ‖q(hi) − u‖,
-   and return q(lo), which is always feasible (v is first mapped to
-   (v − max v)/(max v − min v) ∈ [−1, 0], so θ stays well resolved near max v).
+The paper's scores are unnormalised, (Σ_i y_i φ_m(x_i))²; the 1/n² here does not change
+the maximiser (``solve_weights`` is invariant to v ↦ αv + c, α > 0). ``solve_weights``
+solves the program in one of three cases (the ball inactive: the LP solution; interior:
+closed form; else bisection on the threshold θ of the dual). Derivation:
+docs/math.md#baselinesimportance_sampling.
 """
 
 import functools
@@ -70,11 +52,9 @@ def solve_weights(scores: jax.Array, rho, tol: float = 1e-6,
 
   Tolerance: bisection stops once the ball is tight to relative ``tol``,
   ‖q − u‖² ≥ (1 − tol)·ρ/N_w, or after ``max_iter`` halvings, or when the
-  float bracket cannot shrink. q is then the exact solution for a radius
-  r' ≥ √(1 − tol)·r, and since the optimal value F(r) is concave in r with
-  F(0) = v̄, its gain qᵀv − v̄ over uniform weights is within a factor
-  (1 − tol) of the optimal gain. Always: q ≥ 0 exactly, Σq = 1 and
-  ‖q − u‖² ≤ ρ/N_w up to float rounding (~1e-6 relative in float32).
+  float bracket cannot shrink. Guarantee: the gain qᵀv − v̄ over uniform weights is within
+  a factor (1 − tol) of the optimal gain; always q ≥ 0 exactly, Σq = 1 and
+  ‖q − u‖² ≤ ρ/N_w up to float rounding. Proof: docs/math.md#baselinesimportance_sampling.
 
   Args:
     scores: ``v: [N_w]`` scores (any real values; NaN is not checked).

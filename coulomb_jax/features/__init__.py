@@ -25,13 +25,12 @@ so the alignment splits into a sum of one-particle potentials (see
 
 For attention the seven positive maps and ``hedgehog`` (``KERNEL_ATTENTION_MAPS``)
 are also available in log space:
-``log_psi`` / ``attention_log_psi`` give log ψ without underflow (softplus-type
-features are ≈ e^z for very negative z, which float32 flushes to 0 below
-z ≈ −104, and ``porf_softplus``'s z = s − ‖x‖²/2 is ≈ −800 for inputs of norm 40),
+``log_psi`` / ``attention_log_psi`` give log ψ without underflow,
 and ``attention_pair`` stabilises queries and keys together in that space
 (one shift per key feature over the real keys, one per query row). Every shift
 is a common factor of a query's row of φ(q)ᵀφ(k), so linear attention with
-these features is the exact ratio of the kernel at any input scale.
+these features is the exact ratio of the kernel at any input scale (why log space:
+docs/math.md#features-package).
 
 Eager calls check that ``x`` and ``omega`` are finite (``_checks.check_finite``);
 under ``jit`` nothing is checked.

@@ -89,13 +89,9 @@ def attention_pair(q: jax.Array, k: jax.Array, omega: jax.Array, feature_map: st
   not depend on them): gradients are exact. ``favor`` gives ``favor_pair``.
 
   Causal attention: m_f may come from a later key, so the bound holds only for
-  the rows after it, and at large input scales (norm ≳ 8) a query whose prefix
-  holds only keys far below the later maxima can underflow to the guard: the
-  bidirectional paths are exact at any scale, the causal ones on these features only
-  where no row underflows (``pallas.pallas_causal_linear_attention``'s running
-  maxima per chunk narrow that, but keys later in a query's own chunk still count).
-  ``attention.fused_causal_linear_attention`` computes its own shifts per prefix and
-  is exact at any scale for every map.
+  the rows after it, and at large input scales a query whose prefix holds only keys far
+  below the later maxima can underflow to the guard. Which causal paths are exact:
+  docs/performance.md#featureslog_spaceattention_pair.
 
   Returns:
     ``(q_feat [..., L_q, F], k_feat [..., L_k, F])``, at least float32.
@@ -140,18 +136,14 @@ def favor_pair(q: jax.Array, k: jax.Array, omega: jax.Array,
 
   Then φ(q_i)ᵀφ(k_j) = e^{−M_i}·⟨favor(q_i), favor(k_j)⟩: the factor is the same
   for every key of a query, so it cancels in the attention ratio, and every
-  entry is ≤ 1/√N (nothing overflows). Unlike one shift per query row and one
-  per (batch, head) for the keys (``favor(..., stabilize=...)``), the
-  denominator cannot underflow: for the feature f attaining M_i, φ(q_i)_f = 1/√N
-  and the key attaining m_f has φ(k_j)_f = 1/√N, so φ(q_i)ᵀΣ_j φ(k_j) ≥ 1/N. (Each
-  query's own best feature may otherwise meet only keys many orders of
-  magnitude below the keys' overall maximum, and a fixed guard ε on the
-  denominator then distorts the output.) Shifts are ``stop_gradient``-ed; the
+  entry is ≤ 1/√N (nothing overflows). The denominator cannot underflow: for the
+  feature f attaining M_i, φ(q_i)_f = 1/√N and the key attaining m_f has
+  φ(k_j)_f = 1/√N, so φ(q_i)ᵀΣ_j φ(k_j) ≥ 1/N (against ``favor(..., stabilize=...)``:
+  docs/math.md#featureslog_spacefavor_pair). Shifts are ``stop_gradient``-ed; the
   ratio does not depend on them, so gradients are exact.
 
   For causal attention m_f may come from a later key, so the bound holds only
-  for the rows after it (see ``attention_pair``; ``attention.fused_causal_linear_attention``
-  is exact at any scale).
+  for the rows after it (see ``attention_pair``).
 
   Returns:
     ``(q_feat [..., L_q, N], k_feat [..., L_k, N])``, at least float32.

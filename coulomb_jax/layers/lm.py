@@ -93,7 +93,7 @@ class CausalLM(nn.Module):
   (both attentions, both causal paths, which shift the features per prefix; tested).
   A ``positions`` entry outside ``[0, L)`` under ``jit`` is not checked (it gathers as
   ``jnp.take_along_axis`` does).
-  Valid inputs give exactly the logits they gave before this guard.
+  The guard leaves the logits of valid inputs exactly unchanged.
   """
   vocab_size: int
   max_len: int

@@ -158,8 +158,8 @@ class KernelAttention(nn.Module):
       outputs and gradients up to rounding. With ``causal``: the causal chunk.
     causal_path: with ``causal``, ``'fused'`` (the default above) or ``'materialized'``:
       ``attention.materialized_causal_attention``, the L×L weights in matmuls with
-      per-token shifts (several times faster on CPU for short L; causal at any scale,
-      exact unless a query–key pair's features are ~87 nats apart, see its docstring).
+      per-token shifts (causal at any scale, exact unless a query–key pair's features are
+      ~87 nats apart, see its docstring). Speed: docs/performance.md#layersmodelskernelattention.
   """
   num_heads: int
   feature_map: str = 'favor'

@@ -37,14 +37,9 @@ attention layers are ``models.KernelAttention`` or
 ``models.particles_param``: those layers sow each target's data beside their particles.
 
 **Layer-wise Phase A** (``make_phase_a_layer_step``, ``attention_paths``): the
-same Hamiltonian, minimised one layer at a time. Because r_{l,h} is treated as
-data, layer l's term depends on the particles of layers < l only through its
-inputs, and on no other particles. Layer by layer, with the layers below already
-at their Phase A result, r_l is fixed for the whole stage: it can be computed once
-per example (one forward pass) and every Langevin step works on the cached
-``[B, H, D_h]`` inputs, with no encoder forward at all. Layer 0 follows the same
-dynamics as in the joint schedule (up to the noise draws and the clipping norm,
-which is per layer); layer l > 0 learns on the inputs it will see in Phase B.
+same Hamiltonian, minimised one layer at a time on cached ``[B, H, D_h]`` inputs r_l
+(one forward pass per layer, none per step). Why it is the same Hamiltonian, and how
+it differs from the joint schedule: docs/math.md#training-package.
 
 Modules: ``state`` (``TrainState``, the partition, ``phase_a_optimizer``,
 ``phase_b_optimizer``, per-leaf views), ``inputs`` (what a step reads from the batch and

@@ -13,7 +13,7 @@ scale (see each function for the exceptions).
 
 There is no backward kernel: under differentiation a ``jax.custom_vjp`` runs the
 XLA path forward and backward (``fused_linear_attention``'s, or for the causal form
-stored features and ``causal_linear_attention``), so gradients (and training cost)
+``xla.xla_fused_causal_linear_attention``), so gradients (and training cost)
 are the reference path's and the kernels serve the forward passes of inference
 and evaluation.
 

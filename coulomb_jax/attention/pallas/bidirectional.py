@@ -2,9 +2,7 @@ r"""Bidirectional linear attention as two Pallas kernels: ``pallas_linear_attent
 
 ``pallas_linear_attention(q, k, v, omega, ...)`` computes the same thing as
 ``attention.fused_linear_attention`` (φ = the per-head feature map of the
-particles ``omega``, never stored for all L) but as two kernels, so that on a
-GPU every feature block lives in registers / shared memory and only q, k, v,
-the output and the small ``[F, D]`` states cross HBM:
+particles ``omega``, never stored for all L) but as two kernels:
 
 1. **keys** (grid ``[B, H, S, F/F_b]``): program (b, h, s, f) walks its split s
    of the keys in blocks of C_k rows, computes φ_f(k) ``[C_k, F_b]`` for its
@@ -25,14 +23,10 @@ the output and the small ``[F, D]`` states cross HBM:
    denominator). So the result is the kernel's exact ratio at any input scale,
    with a denominator ≥ 1/M that the guard ``eps`` never reaches.
 
-Splitting the keys over S programs gives the GPU B·H·S·F/F_b programs even for
-small B·H. HBM traffic: q, k, v read once, the output written once, plus the
-partial states ``[B, H, S, F, D]`` (small next to q, k, v at long L).
-
 All seven attention maps (``PALLAS_FEATURE_MAPS``). ``softmaxfeat``'s per-row
 softmax couples every feature: its key kernel first walks all particle blocks
-for each key row's log-sum-exp (so the key-side projections are computed
-M/F_b + 1 times); a query row's own log-sum-exp is a factor of its row and cancels.
+for each key row's log-sum-exp; a query row's own log-sum-exp is a factor of its row and
+cancels. Grid, HBM traffic and cost: docs/performance.md#attentionpallasbidirectional.
 
 ``use_by_default`` says whether ``fused_linear_attention(implementation='auto')``
 takes these kernels. Under differentiation the XLA path runs instead (no backward

@@ -170,10 +170,9 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   C tokens in order, carrying S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) of the chunks
   before in registers (see ``_causal_kernel``). The state's shifts are running maxima
   over the earlier chunks, the shifts inside a chunk are per token: no output reads a
-  later token, at any input scale. The grid has only B·H programs,
-  so it suits many sequences or heads; the chunks are sequential by nature.
-  Under differentiation the XLA path (``xla.xla_fused_causal_linear_attention``)
-  runs forward and backward, as for ``pallas_linear_attention``.
+  later token, at any input scale. The grid has B·H programs. Under differentiation the
+  XLA path (``xla.xla_fused_causal_linear_attention``) runs forward and backward, as for
+  ``pallas_linear_attention``.
 
   Args: as ``pallas_linear_attention`` (``interpret`` decided by the lowering platform,
   ``precision``), with ``chunk_size`` C (a power of two; L need not be a multiple of it)
@@ -181,8 +180,8 @@ def pallas_causal_linear_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   must be powers of two ≥ 16 (``core.triton_problem``).
 
   Exact wherever no query–key pair inside a chunk has features ~87 nats apart (very large
-  inputs of favor-type maps; see ``_causal_kernel``); ``attention.fused_causal_linear_attention``
-  (XLA) is exact for every map at every scale.
+  inputs of favor-type maps; see ``_causal_kernel``). When to prefer it, and the exact path:
+  docs/performance.md#attentionpallascausalpallas_causal_linear_attention.
   """
   xla.check_fused_inputs(q, k, v, omega, key_mask, feature_map, PALLAS_FEATURE_MAPS)
   xla.check_eps(eps)

@@ -6,17 +6,15 @@ TPU kernel). ``pallas_linear_attention(interpret=None)`` runs it when the progra
 lowered for tpu (``core.by_platform``); it has never run on a TPU (lowered from a CPU
 and run in interpret mode only).
 
-Layout ``[B, H, L, ·]`` (transposed from ``[B, L, H, ·]`` outside the kernels), so the
-blocked axis L is second-to-last and the head and feature axes are whole blocks: the TPU
-rule (the last two block sides divisible by 8 and 128, or whole) then asks only that the
-row blocks C be multiples of 128 (L is padded to whole blocks and the padding masked).
-All M features of a head are one block (an ``[M, C]`` tile in VMEM: 512 KB at M = 1024).
+Layout ``[B, H, L, ·]`` (transposed from ``[B, L, H, ·]`` outside the kernels); the row
+blocks C are multiples of 128 (L is padded to whole blocks and the padding masked), and
+all M features of a head are one block. Why this layout, and its VMEM size:
+docs/performance.md#attentionpallastpu.
 
 1. **keys**, grid ``[B, H, L/C]``, the last axis sequential (``'arbitrary'``): S ``[M, D]``,
    z and the per-feature shifts m ``[M, 1]`` stay resident in the output blocks while the
    program walks its (batch, head)'s key blocks; per block, from the transposed
-   log-features ℓ = log ψ(ω kᵀ) ``[M, C]`` (features on sublanes, keys on lanes, so each
-   feature's max over the keys is a lane reduction), m rises online and rescales S and z
+   log-features ℓ = log ψ(ω kᵀ) ``[M, C]``, m rises online and rescales S and z
    as in flash attention, so the final shift of feature f is its max over all real keys:
    ``features.attention_pair``'s.
 2. **queries**, grid ``[B, H, L/C]``: out = φ(q) S / max(φ(q)ᵀ z, eps) with

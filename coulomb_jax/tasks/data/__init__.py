@@ -16,11 +16,12 @@ paths are relative to ``data_dir``, see the data README for the files):
   test distribution. Worse, GLUE's train.tsv holds many phrases of each
   training sentence, so most validation rows occur word for word inside
   training rows (a few are exact duplicates): validation accuracy rewards
-  memorising and overstates test accuracy (TF-IDF: 0.940 against 0.820 in
-  ``results/tfidf/sst2.json``), which biases the choice of epoch (or C) it
-  makes. The test split is not affected (dev sentences are not in train.tsv).
-  A sentence-level split needs the SST sentence ids, which GLUE drops. The
-  trailing space GLUE leaves on every sentence is stripped.
+  memorising and overstates test accuracy, which biases the choice of epoch (or C) it
+  makes (measured for TF-IDF in ``results/tfidf/sst2.json``:
+  docs/results.md#what-ran-and-how-it-differs-from-the-paper). The test split is not
+  affected (dev sentences are not in train.tsv). A sentence-level split needs the SST
+  sentence ids, which GLUE drops. The trailing space GLUE leaves on every sentence is
+  stripped.
 * ``rotten_tomatoes``: ``rotten_tomatoes/rt-polarity.{pos,neg}`` split exactly
   as Hugging Face ``rotten_tomatoes`` does (latin-1, ``readlines``, ``strip``;
   per class the first 80%, next 10%, last 10%; positives first; neg = 0,
@@ -66,14 +67,9 @@ pipeline's seams, so each reads on its own:
 * ``data.tokenizer``: the WordPiece tokenizer and ``encode``;
 * ``data.batching``: ``batches``, ``batch_indices``, ``num_batches``.
 
-A package rather than flat ``coulomb_jax/tokenizer.py``-style modules: the parts
-are one pipeline's steps, and under ``data/`` the tree shows that they belong
-together (names like ``data_readers`` would stand in for the folder). What
-``data`` shares with ``tfds_builders`` (``Examples``, ``TASKS``, ``SPLITS``, the MR
-reader, the class check) stays outside it in ``coulomb_jax.tasks.data.core``, which both
-import: ``tfds_builders`` never imports ``data``, and ``data`` imports
-``tfds_builders`` only for ``source='tfds'``, so there is no import circle and
-``tfds_builders`` does not load the tokenizer. Those names are re-exported here.
+What ``data`` shares with ``tfds_builders`` (``Examples``, ``TASKS``, ``SPLITS``, the MR
+reader, the class check) is in ``coulomb_jax.tasks.data.core``, re-exported here. Why a
+package, and why ``core``: docs/modules.md#coulomb_jaxtasksdata.
 """
 
 from coulomb_jax.tasks.data.batching import batch_indices, batches, num_batches
