@@ -22,7 +22,8 @@ from coulomb_jax.layers import lm
 from coulomb_jax.layers import models
 
 B, L, H, D, DV, M = 2, 12, 2, 8, 4, 16
-CUTS = (3, 7)            # outputs at positions <= t are compared
+CUTS = (3, 5)            # outputs at positions <= t are compared: 3 ends a chunk of 4,
+                         # 5 is inside one (chunks of 4 and of 5)
 LATER_NORMS = (1.0, 8.0, 40.0)
 
 

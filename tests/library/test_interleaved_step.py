@@ -70,17 +70,21 @@ def test_on_a_users_model_the_particles_feel_the_force_and_the_rest_the_task():
   step = jax.jit(training.make_interleaved_step(model, optimizer, **kw))
   state, metrics = step(training.TrainState.create(params, optimizer), batch)
   # The rest: plain SGD on the task gradient.
-  task = jax.grad(lambda p: loss(model.apply({'params': p}, batch.inputs), batch))(params)
+  task = jax.jit(jax.grad(lambda p: loss(model.apply({'params': p}, batch.inputs), batch)))(
+      params)
   np.testing.assert_allclose(state.params['Dense_0']['kernel'],
                              params['Dense_0']['kernel'] - 0.5 * task['Dense_0']['kernel'],
                              rtol=1e-6, atol=1e-7)
   # The particles: the mimicry force of the layer's own (q, k), not the task gradient.
-  _, sown = model.apply({'params': params}, batch.inputs, mutable=['intermediates'])
-  force = training.phase_a_mimicry.sown_forces(
-      params, training.interleaved.sown_qk(sown['intermediates']), feature_map='favor',
-      lam=0.0, s='coulomb', softening=0.5, rows=4).hamiltonian[('attention',)]
+  @jax.jit
+  def reference_force(params):
+    _, sown = model.apply({'params': params}, batch.inputs, mutable=['intermediates'])
+    return training.phase_a_mimicry.sown_forces(
+        params, training.interleaved.sown_qk(sown['intermediates']), feature_map='favor',
+        lam=0.0, s='coulomb', softening=0.5, rows=4).hamiltonian[('attention',)]
+  force = reference_force(params)
   moved = params['attention']['particles'] - state.params['attention']['particles']
-  # The step is jitted, the reference eager: float32 rounding apart (entries ~1e-3).
+  # Two programs (the step's and the reference's): float32 rounding apart (entries ~1e-3).
   np.testing.assert_allclose(moved, force, rtol=1e-3, atol=2e-7)
   assert not np.allclose(force, task['attention']['particles'], atol=1e-6)
   assert np.isfinite(float(metrics['loss']))
