@@ -101,7 +101,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
 
   config.particles = ml_collections.ConfigDict()
   # particles_softmax only: projected Langevin on the softmax-mimicry Hamiltonian of each
-  # layer's own queries and keys (coulomb_jax.layers.lm.MimicrySettings), interleaved with AdamW.
+  # layer's own queries and keys (coulomb_jax.training.lm.MimicrySettings), interleaved with AdamW.
   # The Langevin step and the repulsion (fields and comments in configs/common.py); the
   # initial N(0, I) rows have norm ≈ √D_h, inside the radius.
   common.add_langevin(config.particles, step_size=1e-4, beta=1e5, clip_norm=10.0, radius=8.0)

@@ -15,9 +15,10 @@ The library, grouped by job (imports go one way: nothing here imports ``experime
   paths and checks, ``attention.pallas`` the GPU/TPU kernels);
 * ``layers`` (the Flax side: ``layers.models`` with ``KernelAttention`` and the encoder,
   ``layers.flax_attention`` the ``attention_fn`` drop-in and the sow names, ``layers.lm``
-  the causal LM and its MQAR step);
+  the causal LM);
 * ``training`` (the state, both phases' optimisers and steps, the label and the softmax
-  targets, the schedules), ``mimicry`` (softmax as the particles' target), ``conversion``
+  targets, the schedules, the causal LM's MQAR step ``training.lm``), ``mimicry`` (softmax
+  as the particles' target), ``conversion``
   (a trained Flax model to linear attention: ``record``, ``fit``, ``fidelity``), ``metrics``,
   ``checks``;
 * ``tasks`` (``tasks.synthetic``, ``tasks.mqar``, ``tasks.data``: the text data,

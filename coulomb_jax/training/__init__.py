@@ -45,10 +45,13 @@ Modules: ``state`` (``TrainState``, the partition, ``phase_a_optimizer``,
 ``phase_b_optimizer``, per-leaf views), ``inputs`` (what a step reads from the batch and
 the model), ``phase_a`` (the label target), ``phase_a_mimicry`` (the softmax target),
 ``phase_b``, ``schedule``, ``interleaved`` (Phase A interleaved with training: the
-particles feel the softmax target's force in the same update as the task gradient). Every public name is here: ``training.make_phase_a_step``.
+particles feel the softmax target's force in the same update as the task gradient), ``lm``
+(the causal LM's loss, optimiser and MQAR step: ``training.lm.train_step``). Every other
+public name is here: ``training.make_phase_a_step``.
 """
 
 from coulomb_jax.training import interleaved
+from coulomb_jax.training import lm
 from coulomb_jax.training import phase_a_mimicry
 from coulomb_jax.training.inputs import (PHASE_A_INPUTS, encoder_inputs, forward,
                                          phase_a_inputs, sown)
@@ -69,7 +72,7 @@ from coulomb_jax.training.state import (PARTICLES, TrainState, apply_particle_st
 __all__ = ['PARTICLES', 'PHASE_A_INPUTS', 'PHASE_A_TARGETS', 'SCHEDULES', 'Stage',
            'TrainState', 'apply_particle_step', 'attention_paths', 'cross_entropy', 'encoder_inputs',
            'first_nonfinite', 'first_selectable_epoch', 'forward', 'has_particles',
-           'heldout_alignment', 'interleaved', 'interleaved_grads', 'make_interleaved_step',
+           'heldout_alignment', 'interleaved', 'interleaved_grads', 'lm', 'make_interleaved_step',
            'make_phase_a_layer_step', 'make_phase_a_step',
            'make_phase_b_step', 'make_predict', 'nonfinite_counts', 'particle_leaves',
            'partition_labels', 'phase_a_forces', 'phase_a_inputs', 'phase_a_mimicry',

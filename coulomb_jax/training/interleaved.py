@@ -17,7 +17,7 @@ not reach W_q, W_k), and W_s the Riesz energy. The update is the optimiser's on 
 tree: a ``phase_a_optimizer``-style transformation on the ``particles`` leaves (Langevin
 with its noise and ball) and e.g. AdamW on the rest, as one ``optax.partition``.
 
-``interleaved_grads`` is the gradient itself (the causal LM's ``layers.lm.train_step`` runs
+``interleaved_grads`` is the gradient itself (the causal LM's ``training.lm.train_step`` runs
 on it); ``make_interleaved_step`` builds a step for any Flax model from its inputs and loss.
 """
 

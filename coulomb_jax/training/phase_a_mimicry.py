@@ -14,8 +14,8 @@ held-out statistic is the attention KL (``heldout_attention_kl``) and its potent
 first variation of CE (``phase_a_mimicry_potentials``), for the Gibbs-tilt rule.
 
 ``sown_forces`` is the one path from sown (q, k) to per-head forces for this target: the
-Phase A step and forces here, and the causal LM's mimicry force (``lm.train_step``,
-``lm.mimicry_forces``, ``lm.force_terms``) call it.
+Phase A step and forces here, and the causal LM's mimicry force (``training.lm.train_step``,
+``training.lm.mimicry_forces``, ``training.lm.force_terms``) call it.
 """
 
 import functools

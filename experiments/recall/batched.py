@@ -6,13 +6,13 @@ seed, step_size)]`` of ``config.method`` at ``config``'s cell and width together
 models side by side. Each model is the run ``experiments/recall/run.py`` makes of the
 same config, step for step:
 
-* its params are ``lm.make_state``'s from ``run._keys(seed)['init']``; its optimizer is
-  ``lm.make_optimizer`` built *inside* the vmapped function from the run's own learning
+* its params are ``training.lm.make_state``'s from ``run._keys(seed)['init']``; its optimizer is
+  ``training.lm.make_optimizer`` built *inside* the vmapped function from the run's own learning
   rate and, for the Langevin methods, its own η, λ and β (``methods.build``): the
   hyper-parameters are traced values, one per model;
 * its batches are ``run.TrainingSet``'s (the seed's fixed training set, shuffled per
   epoch from the seed's key), gathered inside the scan from the seeds' data on device;
-* its step is ``lm.train_step_fn``;
+* its step is ``training.lm.train_step_fn``;
 * λ and β of a Langevin method are ``run.calibrate``'s, on the run's initial particles and
   its first batch (once per seed and η);
 * early stopping is per model: every ``eval_every`` steps each model's validation accuracy
@@ -38,7 +38,6 @@ import numpy as np
 from flax.training import train_state
 
 from coulomb_jax import training
-from coulomb_jax.layers import lm
 from coulomb_jax.tasks import mqar
 from experiments.common import cli
 from experiments.common import provenance
@@ -157,7 +156,7 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
   keys, data = _seed_data(config, seeds)
   model = methods.build(config, jax.random.key_data(keys[0]['langevin'])).model
   num_answers = d.num_pairs
-  # Params: lm.make_state's, one per seed.
+  # Params: training.lm.make_state's, one per seed.
   init = jax.jit(model.init)
   params0 = [init(k['init'], jnp.zeros((1, d.seq_len), jnp.int32))['params'] for k in keys]
   with_particles = training.has_particles(params0[0])
@@ -191,7 +190,7 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
 
   def build(h):
     m = methods.build(config, h['key'], lam=h['lam'], beta=h['beta'], step_size=h['eta'])
-    tx = lm.make_optimizer(h['lr'], weight_decay=t.weight_decay, particle_tx=m.particle_tx,
+    tx = training.lm.make_optimizer(h['lr'], weight_decay=t.weight_decay, particle_tx=m.particle_tx,
                            decay_steps=decay, with_particles=with_particles)
     return m, tx
 
@@ -210,7 +209,8 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
         batch = jax.tree.map(lambda a: a[s, r], train)     # one [B, L] gather
         state = train_state.TrainState(step=c, apply_fn=model.apply, params=pr, tx=tx,
                                        opt_state=os_)
-        new, metrics = lm.train_step_fn(state, batch, m.mimicry, m.feature_map, num_answers)
+        new, metrics = training.lm.train_step_fn(state, batch, m.mimicry, m.feature_map,
+                                                 num_answers)
         keep = lambda a, b: jnp.where(act, a, b)
         return (jax.tree.map(keep, new.params, pr), jax.tree.map(keep, new.opt_state, os_),
                 c + act.astype(c.dtype)), None
@@ -218,7 +218,7 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
       return jax.lax.scan(body, (pr, os_, c), rws)[0]
     return jax.vmap(one)(params, opt_state, count, active, h, sidx, rows)
 
-  evaluate_one = jax.jit(jax.vmap(lambda pr, b: lm.evaluate(pr, b, model, num_answers)))
+  evaluate_one = jax.jit(jax.vmap(lambda pr, b: training.lm.evaluate(pr, b, model, num_answers)))
 
   def scores(params, split):
     """``run.evaluate`` of every model on its seed's batch of ``split`` (chunks of 256)."""

@@ -14,7 +14,8 @@ r"""The attention methods of the recall study, each one name for one map, at equ
 ``hedgehog_distilled``   the same map and init; W's gradient is the task gradient *plus* the
                          gradient of Hedgehog's attention-distillation loss (cross-entropy
                          between the layer's softmax and linear attention rows on its own
-                         queries and keys, ``lm.MimicrySettings(with_task_gradient=True)``).
+                         queries and keys,
+                         ``training.lm.MimicrySettings(with_task_gradient=True)``).
 ``particles_softmax``    FAVOR+ features of N particles, started block-orthogonal, moved by
                          projected Langevin on the softmax-mimicry Hamiltonian D + λ·W_s of the
                          layer's own queries and keys, every step, while AdamW trains the rest;
@@ -44,6 +45,7 @@ import optax
 from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax.layers import lm
+from coulomb_jax import training
 
 METHODS = ('softmax', 'elu', 'taylor', 'favor_orthogonal', 'hedgehog', 'hedgehog_distilled',
            'particles_softmax', 'particles_flow', 'softmaxfeat_trained')
@@ -61,7 +63,7 @@ class Method(NamedTuple):
   """How one method is built: the model, the particles' optax transformation, the force."""
   model: lm.CausalLM
   particle_tx: Optional[optax.GradientTransformation]   # None: AdamW with the rest
-  mimicry: Optional[lm.MimicrySettings]                 # None: the task gradient
+  mimicry: Optional[training.lm.MimicrySettings]                 # None: the task gradient
   feature_map: str
 
 
@@ -91,11 +93,11 @@ def state_size(method: str, num_features: int, width: int, num_heads: int,
   return num_heads * f * (width // num_heads)
 
 
-def mimicry_settings(config, lam: float) -> lm.MimicrySettings:
+def mimicry_settings(config, lam: float) -> training.lm.MimicrySettings:
   """The mimicry force of ``config.method`` with repulsion weight ``lam``."""
   p = config.particles
   distilled = config.method == 'hedgehog_distilled'
-  return lm.MimicrySettings(lam=0.0 if distilled else lam, riesz_s=p.riesz_s,
+  return training.lm.MimicrySettings(lam=0.0 if distilled else lam, riesz_s=p.riesz_s,
                             softening=p.softening, target=p.target, rows=p.rows,
                             with_task_gradient=distilled)
 

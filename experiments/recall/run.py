@@ -19,7 +19,7 @@ epoch is dropped), so ``num_train = N``. The validation batch (``data.num_valid`
 early stopping every ``train.eval_every`` steps at ``train.early_stop``) and the test
 batch (``data.num_eval``, the reported accuracy) come from their own keys and are never
 trained on. Accuracy is over answer positions only (every key queried once per
-sequence); the head runs only there (``lm.train_step(num_answers=P)``).
+sequence); the head runs only there (``training.lm.train_step(num_answers=P)``).
 
 The Langevin methods with ``particles.relative_lam`` / ``drift_to_noise`` > 0 set λ and β
 once, from the forces on the initial particles and the first training batch
@@ -42,7 +42,6 @@ from coulomb_jax import diagnostics
 from coulomb_jax import langevin_diagnostics
 from coulomb_jax import mimicry
 from coulomb_jax import training
-from coulomb_jax.layers import lm
 from coulomb_jax.layers import models
 from coulomb_jax.tasks import mqar
 from experiments.common import cli
@@ -174,7 +173,7 @@ def evaluate(params, model, config, key, num: Optional[int] = None) -> dict:
   totals, count = np.zeros(2), 0
   for start in range(0, num, EVAL_CHUNK):
     chunk = jax.tree.map(lambda x: x[start:start + EVAL_CHUNK], batch)
-    out = lm.evaluate(params, chunk, model, config.data.num_pairs)
+    out = training.lm.evaluate(params, chunk, model, config.data.num_pairs)
     rows = chunk.inputs.shape[0]
     totals += rows * np.array([float(out['loss']), float(out['accuracy'])])
     count += rows
@@ -259,7 +258,7 @@ def calibrate(config, state, model, batch) -> dict:
   if config.method == 'particles_flow':
     return {'lam': 0.0, 'beta': float('inf')}
   settings = methods.mimicry_settings(config, 1.0)
-  data, rep = lm.force_terms(state.params, batch, model, settings,
+  data, rep = training.lm.force_terms(state.params, batch, model, settings,
                              methods.FEATURE_MAP[config.method], config.data.num_pairs)
   lam = (langevin_diagnostics.relative_lam(rep, data, p.relative_lam) if p.relative_lam
          else p.lam)
@@ -303,7 +302,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
   keys = _keys(config.seed)
   t, d = config.train, config.data
   batches = TrainingSet(config, keys)
-  make = lambda method: lm.make_state(
+  make = lambda method: training.lm.make_state(
       keys['init'], method.model, d.seq_len, learning_rate=t.learning_rate,
       weight_decay=t.weight_decay, particle_tx=method.particle_tx,
       decay_steps=t.steps if t.schedule == 'cosine' else None)
@@ -329,7 +328,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
       stopped = step
   while step < t.steps and not stopped:
     start = time.time()
-    state, metrics = lm.train_step(state, batches.batch(step), method.mimicry,
+    state, metrics = training.lm.train_step(state, batches.batch(step), method.mimicry,
                                    method.feature_map, d.num_pairs)
     step += 1
     check_finite(state, metrics, step, saved_step)       # every step, before any save

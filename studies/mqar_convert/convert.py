@@ -12,7 +12,7 @@ exp(q·k/√D_h) exactly in expectation), and then:
    (layer 1's are the teacher's; a later layer's follow the features below it), recorded
    from the student at every step on a fresh batch (``coulomb_jax.conversion``:
    ``attention_records``, then ``head_grads`` of ``mimicry_energy`` with the settings of
-   ``lm.MimicrySettings``: Hedgehog's cross-entropy between softmax and linear attention
+   ``training.lm.MimicrySettings``: Hedgehog's cross-entropy between softmax and linear attention
    rows, plus λ·repulsion for the particles), moved by the particles' transformation:
 
    ==================== ==================================================================
@@ -51,7 +51,6 @@ from flax.training import train_state
 
 from coulomb_jax import conversion
 from coulomb_jax import training
-from coulomb_jax.layers import lm
 from coulomb_jax.tasks import mqar
 from experiments.analysis import loading
 from experiments.common import cli
@@ -116,7 +115,7 @@ def _state(model, params, particle_tx, rest_tx):
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
-def fit_step(model, feature_map: str, settings: lm.MimicrySettings):
+def fit_step(model, feature_map: str, settings: training.lm.MimicrySettings):
   """Jitted ``step(state, batch) -> state``: one move of every ``particles`` leaf of ``model``.
 
   Each attention layer's own unscaled (q, k) on the batch's first ``settings.rows``
@@ -169,12 +168,12 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
   keys = run_lib._keys(config.seed)   # pylint: disable=protected-access
   built = methods.build(config, jax.random.key_data(keys['langevin']))
   model = built.model
-  init = lm.make_state(keys['init'], model, config.data.seq_len).params
+  init = training.lm.make_state(keys['init'], model, config.data.seq_len).params
   params = student_params(teacher, jax.device_get(init))
   start = time.time()
   data = run_lib.data_args(config)
   if method in FITTED and fit_steps:
-    settings = built.mimicry or lm.MimicrySettings(lam=0.0, target=config.particles.target,
+    settings = built.mimicry or training.lm.MimicrySettings(lam=0.0, target=config.particles.target,
                                                    rows=config.particles.rows)
     particle_tx = built.particle_tx if method == 'particles_softmax' else optax.adam(
         hedgehog_learning_rate)
@@ -194,7 +193,7 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
   for t in range(finetune_steps):
     batch = mqar.mqar_batch(jax.random.fold_in(keys['train'], 20_000_000 + t),
                             t_cfg.batch_size, **data)
-    state, _ = lm.train_step(state, batch, None, built.feature_map)
+    state, _ = training.lm.train_step(state, batch, None, built.feature_map)
   tuned = run_lib.evaluate(state.params, model, config, keys['eval'])
   d = config.data
   row = {'seq_len': d.seq_len, 'num_pairs': d.num_pairs, 'width': config.model.width,

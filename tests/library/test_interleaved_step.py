@@ -1,6 +1,6 @@
 """``training.make_interleaved_step`` (issue 38 item 1: one step per target): Phase A on the
 softmax target interleaved with training, for any Flax model. On the causal LM it is the LM's
-own step (``layers.lm.train_step``, which runs on the same ``interleaved_grads``) bit for bit;
+own step (``training.lm.train_step``, which runs on the same ``interleaved_grads``) bit for bit;
 on a user's model the particles move by the force alone and the rest by the task gradient."""
 
 import flax.linen as nn
@@ -30,17 +30,18 @@ def test_on_the_causal_lm_it_is_the_lms_own_step_bit_for_bit(with_task_gradient)
                       attention='kernel', feature_map='favor', num_features=8)
   tx = langevin.langevin_transform(jax.random.PRNGKey(9), step_size=1e-2, beta=1e4,
                                    radius=4.0)
-  lm_state = lm.make_state(jax.random.PRNGKey(0), model, SEQ, learning_rate=3e-3,
+  lm_state = training.lm.make_state(jax.random.PRNGKey(0), model, SEQ, learning_rate=3e-3,
                            particle_tx=tx)
-  settings = lm.MimicrySettings(lam=0.1, rows=2, with_task_gradient=with_task_gradient)
+  settings = training.lm.MimicrySettings(lam=0.1, rows=2, with_task_gradient=with_task_gradient)
   step = jax.jit(training.make_interleaved_step(
       model, lm_state.tx, inputs=lambda b: (b.inputs, None, None),
-      loss=lambda logits, b: lm.mqar_loss_and_accuracy(logits, b.targets, b.answer_mask)[0],
+      loss=lambda logits, b: training.lm.mqar_loss_and_accuracy(logits, b.targets,
+                                                                b.answer_mask)[0],
       feature_map='favor', lam=settings.lam, s=settings.riesz_s, softening=settings.softening,
       rows=settings.rows, with_task_gradient=with_task_gradient))
   state = training.TrainState(0, lm_state.params, lm_state.opt_state)
   for batch in _batches(3):
-    lm_state, lm_metrics = lm.train_step(lm_state, batch, settings, 'favor')
+    lm_state, lm_metrics = training.lm.train_step(lm_state, batch, settings, 'favor')
     state, metrics = step(state, batch)
     assert float(metrics['loss']) == float(lm_metrics['loss'])
     assert all(int(jnp.sum(c)) == 0 for c in metrics['nonfinite_grads'].values())
@@ -65,7 +66,7 @@ def test_on_a_users_model_the_particles_feel_the_force_and_the_rest_the_task():
   labels = training.partition_labels(params)
   optimizer = optax.multi_transform(
       {training.PARTICLES: optax.sgd(1.0), 'rest': optax.sgd(0.5)}, labels)
-  loss = lambda logits, b: lm.mqar_loss_and_accuracy(logits, b.targets, b.answer_mask)[0]
+  loss = lambda logits, b: training.lm.mqar_loss_and_accuracy(logits, b.targets, b.answer_mask)[0]
   kw = dict(loss=loss, inputs=lambda b: (b.inputs,), feature_map='favor', lam=0.0, rows=4)
   step = jax.jit(training.make_interleaved_step(model, optimizer, **kw))
   state, metrics = step(training.TrainState.create(params, optimizer), batch)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from coulomb_jax.layers import lm
+from coulomb_jax import training
 from coulomb_jax.tasks import mqar
 
 V, L, T = 32, 12, 7                        # vocabulary, length, the bad position
@@ -83,10 +84,10 @@ def test_eager_mqar_loss_refuses_a_target_outside_the_vocabulary_at_an_answer():
   for bad in (V, -1):
     targets = batch.targets.at[row, col].set(bad)
     _raises(ValueError, f'targets must lie in [0, {V}), got {bad} at index ({row}, {col}) '
-            '(1 such entries).', lm.mqar_loss_and_accuracy, logits, targets,
+            '(1 such entries).', training.lm.mqar_loss_and_accuracy, logits, targets,
             batch.answer_mask)
   _raises(ValueError, 'targets must be integers, got dtype float32.',
-          lm.mqar_loss_and_accuracy, logits, batch.targets.astype(jnp.float32),
+          training.lm.mqar_loss_and_accuracy, logits, batch.targets.astype(jnp.float32),
           batch.answer_mask)
 
 
@@ -95,7 +96,7 @@ def test_jitted_mqar_loss_is_nan_for_a_target_outside_the_vocabulary(bad):
   batch = mqar.mqar_batch(jax.random.key(3), 2, **MQAR)
   logits = jax.random.normal(jax.random.key(4), (2, L, V))
   row, col = (int(a[0]) for a in np.nonzero(np.asarray(batch.answer_mask)))
-  loss, acc = jax.jit(lm.mqar_loss_and_accuracy)(
+  loss, acc = jax.jit(training.lm.mqar_loss_and_accuracy)(
       logits, batch.targets.at[row, col].set(bad), batch.answer_mask)
   assert np.isnan(float(loss))
   hits = np.argmax(np.asarray(logits), -1) == np.asarray(batch.targets)
@@ -109,8 +110,8 @@ def test_mqar_loss_ignores_targets_off_the_answer_mask():
   logits = jax.random.normal(jax.random.key(4), (2, L, V))
   free = np.argwhere(~np.asarray(batch.answer_mask))[0]
   targets = batch.targets.at[tuple(free)].set(V + 5)
-  got = lm.mqar_loss_and_accuracy(logits, targets, batch.answer_mask)
-  want = lm.mqar_loss_and_accuracy(logits, batch.targets, batch.answer_mask)
+  got = training.lm.mqar_loss_and_accuracy(logits, targets, batch.answer_mask)
+  want = training.lm.mqar_loss_and_accuracy(logits, batch.targets, batch.answer_mask)
   assert np.isfinite(float(got[0]))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -146,15 +147,15 @@ def test_jitted_lm_bad_token_at_answer_positions_only():
 
 def test_jitted_train_step_with_a_bad_token_after_the_answers_keeps_a_finite_loss():
   model, _ = _model('kernel')
-  state = lm.make_state(jax.random.key(0), model, L)
+  state = training.lm.make_state(jax.random.key(0), model, L)
   batch = mqar.mqar_batch(jax.random.key(3), 2, **MQAR)
   last = int(np.max(np.nonzero(np.asarray(batch.answer_mask))[1]))
   assert last < L - 1
   bad = batch._replace(inputs=batch.inputs.at[:, last + 1:].set(V + 7))
-  _, want = lm.train_step(state, batch)
-  _, got = lm.train_step(state, bad)
+  _, want = training.lm.train_step(state, batch)
+  _, got = training.lm.train_step(state, bad)
   assert float(got['loss']) == float(want['loss'])
-  _, hit = lm.train_step(state, batch._replace(inputs=batch.inputs.at[:, 0].set(-1)))
+  _, hit = training.lm.train_step(state, batch._replace(inputs=batch.inputs.at[:, 0].set(-1)))
   assert np.isnan(float(hit['loss']))           # every answer after it: the loss says so
 
 
@@ -166,8 +167,9 @@ FEATURE_MAP_ERROR = ("feature_map must be the model's feature map 'favor' "
 
 def _mimicry_state():
   model, _ = _model('kernel')
-  state = lm.make_state(jax.random.key(0), model, L)
-  return model, state, mqar.mqar_batch(jax.random.key(3), 4, **MQAR), lm.MimicrySettings(rows=2)
+  state = training.lm.make_state(jax.random.key(0), model, L)
+  return (model, state, mqar.mqar_batch(jax.random.key(3), 4, **MQAR),
+          training.lm.MimicrySettings(rows=2))
 
 
 def test_flax_bound_apply_knows_its_model():
@@ -177,33 +179,33 @@ def test_flax_bound_apply_knows_its_model():
 
 def test_train_step_refuses_another_feature_map_than_the_models():
   _, state, batch, settings = _mimicry_state()
-  _raises(ValueError, FEATURE_MAP_ERROR, lm.train_step, state, batch, settings, 'elu')
-  _raises(ValueError, FEATURE_MAP_ERROR, lm.train_step_fn, state, batch, settings, 'elu')
-  vmapped = jax.vmap(lambda s: lm.train_step_fn(s, batch, settings, 'elu'))
+  _raises(ValueError, FEATURE_MAP_ERROR, training.lm.train_step, state, batch, settings, 'elu')
+  _raises(ValueError, FEATURE_MAP_ERROR, training.lm.train_step_fn, state, batch, settings, 'elu')
+  vmapped = jax.vmap(lambda s: training.lm.train_step_fn(s, batch, settings, 'elu'))
   two = jax.tree.map(lambda a: jnp.stack([a, a]), state)
   _raises(ValueError, FEATURE_MAP_ERROR, vmapped, two)
-  new, metrics = lm.train_step(state, batch, settings, 'favor')            # its own: runs
+  new, metrics = training.lm.train_step(state, batch, settings, 'favor')            # its own: runs
   assert np.isfinite(float(metrics['loss']))
   assert int(new.step) == 1
 
 
 def test_force_terms_refuses_another_feature_map_than_the_models():
   model, state, batch, settings = _mimicry_state()
-  _raises(ValueError, FEATURE_MAP_ERROR, lm.force_terms, state.params, batch, model,
+  _raises(ValueError, FEATURE_MAP_ERROR, training.lm.force_terms, state.params, batch, model,
           settings, 'elu')
 
 
 @pytest.mark.slow
 def test_train_step_without_mimicry_or_a_known_model_does_not_refuse():
   model, state, batch, settings = _mimicry_state()
-  _, metrics = lm.train_step(state, batch, None, 'elu')       # feature_map unused
+  _, metrics = training.lm.train_step(state, batch, None, 'elu')       # feature_map unused
   assert np.isfinite(float(metrics['loss']))
   unknown = state.replace(apply_fn=lambda *a, **k: model.apply(*a, **k))
   assert getattr(unknown.apply_fn, '__self__', None) is None
-  _, metrics = lm.train_step(unknown, batch, settings, 'elu')      # cannot tell: runs
+  _, metrics = training.lm.train_step(unknown, batch, settings, 'elu')      # cannot tell: runs
   assert np.isfinite(float(metrics['loss']))
   softmax, _ = _model('softmax')
-  plain = lm.make_state(jax.random.key(0), softmax, L)
-  lm.check_feature_map(softmax, 'elu')                   # softmax attention has no map
-  lm.check_feature_map(None, 'elu')
+  plain = training.lm.make_state(jax.random.key(0), softmax, L)
+  training.lm.check_feature_map(softmax, 'elu')                   # softmax attention has no map
+  training.lm.check_feature_map(None, 'elu')
   assert plain.apply_fn.__self__ is softmax

@@ -4,12 +4,11 @@ the causal LM's step. The callers give, bit for bit, what their own code gave be
 frozen copies below are that code (lm.py and phase_a_mimicry.py as of f26a6d4, unchanged
 through c7beeea), compared with ``assert_array_equal``. One LM step (favor, Langevin, repulsion) and one
 Phase A step (the softmax target on a user's model) stay here; the other callers
-(hedgehog with the task gradient, the vmapped traced λ, ``lm.force_terms``, the Phase A
+(hedgehog with the task gradient, the vmapped traced λ, ``training.lm.force_terms``, the Phase A
 forces and objective, eager and jitted) were compared the same way at 4e68246 and dropped
 from the suite for its time.
 """
 
-import functools
 
 import flax.linen as nn
 import jax
@@ -34,16 +33,16 @@ from coulomb_jax.training import phase_a_mimicry
 
 
 def _old_metrics(params, apply_fn, batch, num_answers=None):
-  pos, targets, mask = lm._answers(batch, num_answers)  # pylint: disable=protected-access
+  pos, targets, mask = training.lm._answers(batch, num_answers)  # pylint: disable=protected-access
   logits = apply_fn({'params': params}, batch.inputs, None, pos)
-  return lm.mqar_loss_and_accuracy(logits, targets, mask)
+  return training.lm.mqar_loss_and_accuracy(logits, targets, mask)
 
 
 def _old_metrics_and_inputs(params, apply_fn, batch, num_answers=None):
-  pos, targets, mask = lm._answers(batch, num_answers)  # pylint: disable=protected-access
+  pos, targets, mask = training.lm._answers(batch, num_answers)  # pylint: disable=protected-access
   logits, state = apply_fn({'params': params}, batch.inputs, None, pos,
                            mutable=['intermediates'])
-  loss, acc = lm.mqar_loss_and_accuracy(logits, targets, mask)
+  loss, acc = training.lm.mqar_loss_and_accuracy(logits, targets, mask)
   flat = traverse_util.flatten_dict(state.get('intermediates', {}))
   inputs = {k[:-1]: v[0] for k, v in flat.items() if k[-1] == flax_attention.MIMICRY_INPUTS}
   return loss, (acc, inputs)
@@ -183,7 +182,8 @@ def _mqar(t):
 def _langevin_state(model):
   tx = langevin.langevin_transform(jax.random.key(5), step_size=3e-3, beta=200.0, radius=2.0,
                                    clip_norm=10.0)
-  return lm.make_state(jax.random.key(0), model, LENGTH, learning_rate=1e-2, particle_tx=tx)
+  return training.lm.make_state(jax.random.key(0), model, LENGTH, learning_rate=1e-2,
+                                particle_tx=tx)
 
 
 # ----------------------------------------------------------------------------- the LM
@@ -192,11 +192,11 @@ def _langevin_state(model):
 @pytest.mark.parametrize('num_answers', [PAIRS])
 def test_lm_train_step_favor_langevin_with_repulsion_as_before_bit_for_bit(num_answers):
   model = _lm('favor', num_features=8, orthogonal=True)
-  settings = lm.MimicrySettings(lam=0.05, rows=4)
+  settings = training.lm.MimicrySettings(lam=0.05, rows=4)
   old = new = _langevin_state(model)
   for t in range(3):
     old, old_m = _old_train_step(old, _mqar(t), settings, 'favor', num_answers)
-    new, new_m = lm.train_step(new, _mqar(t), settings, 'favor', num_answers)
+    new, new_m = training.lm.train_step(new, _mqar(t), settings, 'favor', num_answers)
     _equal(new_m, old_m)
   assert not np.array_equal(new.params['block_1']['attn']['particles'],
                             _langevin_state(model).params['block_1']['attn']['particles'])
@@ -297,10 +297,10 @@ def test_sown_forces_are_the_per_head_gradients_of_each_part():
     np.testing.assert_allclose(f.repulsion_value[('attn',)][h], w, rtol=1e-6)
   total = f.data[('attn',)] + 0.3 * f.repulsion[('attn',)]
   np.testing.assert_allclose(f.hamiltonian[('attn',)], total, rtol=1e-5, atol=1e-7)
-  # No mask and all rows: the LM's force (lm.mimicry_forces) on the same inputs.
-  settings = lm.MimicrySettings(lam=0.3, riesz_s=1.0, softening=0.1, rows=3)
+  # No mask and all rows: the LM's force (training.lm.mimicry_forces) on the same inputs.
+  settings = training.lm.MimicrySettings(lam=0.3, riesz_s=1.0, softening=0.1, rows=3)
   _equal(jax.jit(lambda p: phase_a_mimicry.sown_forces(p, inputs, rows=3, **kw).hamiltonian)(
-      params), jax.jit(lambda p: lm.mimicry_forces(p, inputs, settings, 'favor'))(params))
+      params), jax.jit(lambda p: training.lm.mimicry_forces(p, inputs, settings, 'favor'))(params))
 
 
 @pytest.mark.parametrize('bad, message', [

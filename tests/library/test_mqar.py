@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from coulomb_jax.layers import lm
+from coulomb_jax import training
 from coulomb_jax.tasks import mqar
 
 V, L, P = 64, 32, 4
@@ -115,7 +116,7 @@ def test_loss_and_accuracy_count_answer_positions_only():
   logits = jax.random.normal(k1, (3, 5, 7))
   targets = jax.random.randint(k2, (3, 5), 0, 7)
   mask = jax.random.bernoulli(k3, 0.4, (3, 5))
-  loss, acc = lm.mqar_loss_and_accuracy(logits, targets, mask)
+  loss, acc = training.lm.mqar_loss_and_accuracy(logits, targets, mask)
   lg, tg, mk = map(np.asarray, (logits, targets, mask))
   ces, hits = [], []
   for b in range(3):
@@ -128,9 +129,9 @@ def test_loss_and_accuracy_count_answer_positions_only():
   np.testing.assert_allclose(acc, np.mean(hits), rtol=1e-6)
   # Changing logits off the mask changes nothing; an empty mask gives 0, not NaN.
   moved = jnp.where(mask[..., None], logits, 100.0 * logits)
-  np.testing.assert_allclose(lm.mqar_loss_and_accuracy(moved, targets, mask), (loss, acc),
+  np.testing.assert_allclose(training.lm.mqar_loss_and_accuracy(moved, targets, mask), (loss, acc),
                              rtol=1e-6)
-  empty = lm.mqar_loss_and_accuracy(logits, targets, jnp.zeros((3, 5), bool))
+  empty = training.lm.mqar_loss_and_accuracy(logits, targets, jnp.zeros((3, 5), bool))
   assert float(empty[0]) == 0.0 and float(empty[1]) == 0.0
 
 
@@ -147,12 +148,12 @@ def test_model_rejects_bad_fields():
 def test_a_few_train_steps_lower_the_loss_softmax():
   model = lm.CausalLM(vocab_size=V, max_len=L, width=32, num_layers=2, num_heads=2,
                       mlp_ratio=2)
-  state = lm.make_state(jax.random.key(0), model, L, learning_rate=3e-3)
+  state = training.lm.make_state(jax.random.key(0), model, L, learning_rate=3e-3)
   held_out = batch(99, 64)
-  before = lm.evaluate(state.params, held_out, model)
+  before = training.lm.evaluate(state.params, held_out, model)
   for step in range(40):
-    state, metrics = lm.train_step(state, batch(100 + step % 8, 32))
-  after = lm.evaluate(state.params, held_out, model)
+    state, metrics = training.lm.train_step(state, batch(100 + step % 8, 32))
+  after = training.lm.evaluate(state.params, held_out, model)
   # Chance over V = 64 tokens is log 64 ≈ 4.2; predicting any value of the upper half
   # alone gives log 32 ≈ 3.5. Forty steps must reach well below the start.
   assert float(before['loss']) > 3.8
@@ -162,9 +163,9 @@ def test_a_few_train_steps_lower_the_loss_softmax():
 
 def test_kernel_train_step_is_finite_and_moves_the_particles():
   model = tiny('kernel', 'favor')
-  state = lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-2)
+  state = training.lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-2)
   data = mqar.mqar_batch(jax.random.key(5), 4, vocab_size=V, seq_len=16, num_pairs=2)
-  new, metrics = lm.train_step(state, data)
+  new, metrics = training.lm.train_step(state, data)
   assert np.isfinite(float(metrics['loss'])) and 0.0 <= float(metrics['accuracy']) <= 1.0
   old_w = state.params['block_0']['attn']['particles']
   new_w = new.params['block_0']['attn']['particles']
@@ -174,10 +175,10 @@ def test_kernel_train_step_is_finite_and_moves_the_particles():
 def test_frozen_particles_stay_and_the_rest_trains():
   import optax  # pylint: disable=g-import-not-at-top
   model = tiny('kernel', 'favor')
-  state = lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-2,
+  state = training.lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-2,
                         particle_tx=optax.set_to_zero())
   data = mqar.mqar_batch(jax.random.key(5), 4, vocab_size=V, seq_len=16, num_pairs=2)
-  new, _ = lm.train_step(state, data)
+  new, _ = training.lm.train_step(state, data)
   np.testing.assert_array_equal(new.params['block_0']['attn']['particles'],
                                 state.params['block_0']['attn']['particles'])
   assert not np.allclose(new.params['head']['kernel'], state.params['head']['kernel'])
@@ -187,13 +188,13 @@ def test_frozen_particles_stay_and_the_rest_trains():
 def test_mimicry_forces_are_the_per_head_hamiltonian_gradient():
   from coulomb_jax import mimicry  # pylint: disable=g-import-not-at-top
   model = tiny('kernel', 'favor')
-  params = lm.make_state(jax.random.key(2), model, 16).params
+  params = training.lm.make_state(jax.random.key(2), model, 16).params
   data = mqar.mqar_batch(jax.random.key(5), 4, vocab_size=V, seq_len=16, num_pairs=2)
   _, inter = model.apply({'params': params}, data.inputs, mutable=['intermediates'])
   (q, k), = inter['intermediates']['block_0']['attn']['mimicry_inputs']
   assert q.shape == k.shape == (4, 16, model.num_heads, model.width // model.num_heads)
-  settings = lm.MimicrySettings(lam=0.1, rows=3)
-  forces = lm.mimicry_forces(params, {('block_0', 'attn'): (q, k)}, settings, 'favor')
+  settings = training.lm.MimicrySettings(lam=0.1, rows=3)
+  forces = training.lm.mimicry_forces(params, {('block_0', 'attn'): (q, k)}, settings, 'favor')
   omega = params['block_0']['attn']['particles']
   for h in range(model.num_heads):
     want = jax.grad(lambda w: mimicry.mimicry_hamiltonian(
@@ -208,9 +209,10 @@ def test_langevin_on_the_mimicry_force_lowers_the_attention_cross_entropy():
   model = tiny('kernel', 'favor')
   tx = langevin.langevin_transform(jax.random.key_data(jax.random.key(3)), step_size=1e-3,
                                    beta=jnp.inf, radius=100.0)
-  state = lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-9, particle_tx=tx)
+  state = training.lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-9,
+                                 particle_tx=tx)
   data = mqar.mqar_batch(jax.random.key(5), 4, vocab_size=V, seq_len=16, num_pairs=2)
-  settings = lm.MimicrySettings(lam=0.0, rows=4)
+  settings = training.lm.MimicrySettings(lam=0.0, rows=4)
 
   def ce(params):
     _, inter = model.apply({'params': params}, data.inputs, mutable=['intermediates'])
@@ -221,7 +223,7 @@ def test_langevin_on_the_mimicry_force_lowers_the_attention_cross_entropy():
 
   before = ce(state.params)
   for _ in range(3):
-    state, _ = lm.train_step(state, data, settings, 'favor')
+    state, _ = training.lm.train_step(state, data, settings, 'favor')
   assert ce(state.params) < before
 
 

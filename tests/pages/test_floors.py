@@ -74,6 +74,10 @@ def test_the_library_is_grouped_by_job_and_its_packages_import_downwards():
   bad = [(m, i) for m, imports in _sources('coulomb_jax') for i in imports
          if m.startswith(lower) and i.startswith(upper)]
   assert not bad
+  # The layers are what training trains: training imports layers, never the reverse (the
+  # causal LM's step lives in training.lm, beside the model's other steps).
+  assert not [(m, i) for m, imports in _sources('coulomb_jax') for i in imports
+              if m.startswith('coulomb_jax.layers') and i.startswith('coulomb_jax.training')]
 
 
 def test_no_module_of_the_library_tools_or_studies_is_over_500_lines():

@@ -68,3 +68,43 @@ def test_no_file_of_the_repository_uses_an_old_name():
         if pattern.search(line):
           found.append(f'{path}:{n}: {line.strip()}')
   assert not found, '\n'.join(found)
+
+
+def test_the_lm_step_names_moved_to_training_still_resolve_from_layers_with_a_warning():
+  # layers.lm keeps the model; its loss, optimiser and steps live in training.lm.
+  code = '''
+import warnings
+from coulomb_jax.layers import lm
+from coulomb_jax.training import lm as steps
+for name in lm._MOVED_TO_TRAINING:
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    assert getattr(lm, name) is getattr(steps, name), name
+  [w] = [w for w in caught if w.category is DeprecationWarning]
+  assert str(w.message).startswith(f'coulomb_jax.layers.lm.{name} moved to '
+                                   f'coulomb_jax.training.lm.{name}'), w.message
+try:
+  lm.no_such_name
+except AttributeError as e:
+  assert "has no attribute 'no_such_name'" in str(e)
+else:
+  raise AssertionError('lm.no_such_name did not raise')
+print(len(lm._MOVED_TO_TRAINING))
+'''
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip() == '12'
+  moved = '|'.join(('train_step', 'train_step_fn', 'make_state', 'make_optimizer',
+                    'MimicrySettings', 'mqar_loss_and_accuracy', 'force_terms', 'evaluate',
+                    'mimicry_forces', 'mimicry_force_terms', 'check_feature_map',
+                    'answer_positions'))
+  pattern = re.compile(rf'(?<![.\w])lm\.({moved})\b|layers\.lm\.({moved})\b')
+  files = subprocess.run(['git', 'ls-files', '*.py', '*.md', '*.ipynb'], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
+  found = [f'{p}:{n}' for p in files
+           if p not in ('coulomb_jax/layers/lm.py', 'tests/pages/test_moved_modules.py')
+           and os.path.isfile(os.path.join(ROOT, p))
+           for n, line in enumerate(open(os.path.join(ROOT, p), encoding='utf-8'), 1)
+           if pattern.search(line)]
+  assert not found, found

@@ -15,6 +15,7 @@ from coulomb_jax import conversion
 from coulomb_jax import langevin
 from coulomb_jax import mimicry
 from coulomb_jax.layers import lm
+from coulomb_jax import training
 from coulomb_jax.layers import models
 from coulomb_jax.tasks import mqar
 
@@ -301,17 +302,17 @@ def test_the_lm_conversion_fits_as_lm_train_step_did_bit_for_bit():
   from studies.mqar_convert import convert  # pylint: disable=g-import-not-at-top
   model = lm.CausalLM(vocab_size=32, max_len=16, width=16, num_layers=2, num_heads=2,
                       attention='kernel', feature_map='favor', num_features=8, orthogonal=True)
-  params = lm.make_state(jax.random.key(0), model, 16).params
+  params = training.lm.make_state(jax.random.key(0), model, 16).params
   tx = langevin.langevin_transform(jax.random.key(5), step_size=3e-3, beta=50.0, radius=1.5,
                                    clip_norm=10.0)
-  settings = lm.MimicrySettings(lam=1e-3, rows=4)
+  settings = training.lm.MimicrySettings(lam=1e-3, rows=4)
   state = convert._state  # pylint: disable=protected-access
   old = new = state(model, params, tx, optax.set_to_zero())
   step = convert.fit_step(model, 'favor', settings)
   for t in range(2):
     batch = mqar.mqar_batch(jax.random.fold_in(jax.random.key(1), t), 8, vocab_size=32,
                             seq_len=16, num_pairs=2, power_a=0.01)
-    old, _ = lm.train_step(old, batch, settings, 'favor')
+    old, _ = training.lm.train_step(old, batch, settings, 'favor')
     new = step(new, batch)
   moved = new.params['block_1']['attn']['particles'] - params['block_1']['attn']['particles']
   assert float(jnp.max(jnp.abs(moved))) > 0

@@ -165,8 +165,8 @@ def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
   config, teacher, _ = convert.read_teacher(teacher_dir)
   student = methods.build(grid.apply_overrides(config, {'method': 'particles_softmax'}),
                           jax.random.key_data(jax.random.key(0))).model
-  from coulomb_jax.layers import lm  # pylint: disable=g-import-not-at-top
-  init = jax.device_get(lm.make_state(jax.random.key(0), student, 16).params)
+  from coulomb_jax import training  # pylint: disable=g-import-not-at-top
+  init = jax.device_get(training.lm.make_state(jax.random.key(0), student, 16).params)
   params = convert.student_params(teacher, init)
   np.testing.assert_array_equal(params['block_0']['attn']['query']['kernel'],
                                 teacher['block_0']['attn']['mha']['query']['kernel'])
@@ -207,7 +207,8 @@ def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tm
   assert made == 2 + 4 + 2 + 2 + 2
   with open(results) as f:
     table = json.load(f)
-  assert set(table) == {'protocol', 'runs', 'best', 'pilots'}
+  assert set(table) == {'protocol', 'runs', 'best', 'coulomb_effect', 'pilots'}
+  assert table['coulomb_effect'] == {}       # particles_softmax is not in this grid's sweep
   assert table['protocol']['vocab'] == config.data.vocab_size
   assert table['protocol']['where'] == 'cpu'
   for r in table['runs']:

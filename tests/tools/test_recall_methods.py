@@ -13,7 +13,7 @@ from configs import mqar as mqar_config
 from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax import mimicry
-from coulomb_jax.layers import lm
+from coulomb_jax import training
 from coulomb_jax.layers import models
 from coulomb_jax.tasks import mqar
 from experiments.recall import methods
@@ -67,7 +67,7 @@ def _quick(method, **fields):
 
 def _state_and_batch(config, method):
   keys = run._keys(0)   # pylint: disable=protected-access
-  state = lm.make_state(keys['init'], method.model, config.data.seq_len,
+  state = training.lm.make_state(keys['init'], method.model, config.data.seq_len,
                         particle_tx=method.particle_tx)
   batch = mqar.mqar_batch(jax.random.key(3), 4, **run.data_args(config))
   return state, batch
@@ -88,7 +88,7 @@ def test_hedgehog_starts_at_the_identity_and_its_w_trains(name):
   for omega in _particles(state.params).values():      # M = N/2 = 4 rows of I_8
     assert omega.shape == (2, 4, head_dim)
     np.testing.assert_array_equal(omega, np.broadcast_to(np.eye(head_dim)[:4], omega.shape))
-  new, _ = lm.train_step(state, batch, method.mimicry, method.feature_map,
+  new, _ = training.lm.train_step(state, batch, method.mimicry, method.feature_map,
                          config.data.num_pairs)
   for before, after in zip(_particles(state.params).values(), _particles(new.params).values()):
     assert float(jnp.max(jnp.abs(after - before))) > 1e-5      # W moved by AdamW
@@ -101,12 +101,13 @@ def test_the_distilled_gradient_is_the_task_gradient_plus_the_mimicry_gradient()
   assert method.mimicry.with_task_gradient and method.mimicry.lam == 0.0
   model = method.model
   probe = optax.sgd(1.0)      # the update is −gradient: read the gradient off it
-  state = lm.make_state(jax.random.key(0), model, config.data.seq_len)
+  state = training.lm.make_state(jax.random.key(0), model, config.data.seq_len)
   state = state.replace(tx=probe, opt_state=probe.init(state.params))
   batch = mqar.mqar_batch(jax.random.key(3), 4, **run.data_args(config))
   p = config.data.num_pairs
-  new, _ = lm.train_step(state, batch, method.mimicry, 'hedgehog', p)
-  task, _ = jax.jit(lambda params: jax.grad(lm._metrics, has_aux=True)(  # pylint: disable=protected-access
+  new, _ = training.lm.train_step(state, batch, method.mimicry, 'hedgehog', p)
+  metrics = training.lm._metrics  # pylint: disable=protected-access
+  task, _ = jax.jit(lambda params: jax.grad(metrics, has_aux=True)(
       params, model.apply, batch, p))(state.params)
   _, inter = jax.jit(lambda params: model.apply({'params': params}, batch.inputs,
                                                 mutable=['intermediates']))(state.params)
@@ -128,7 +129,7 @@ def test_particles_flow_is_the_langevin_step_with_no_repulsion_and_no_noise():
   method = methods.build(config, jax.random.key_data(jax.random.key(0)))
   assert method.mimicry.lam == 0.0 and not method.mimicry.with_task_gradient
   state, batch = _state_and_batch(config, method)
-  new, _ = lm.train_step(state, batch, method.mimicry, 'favor', config.data.num_pairs)
+  new, _ = training.lm.train_step(state, batch, method.mimicry, 'favor', config.data.num_pairs)
   p = config.particles
 
   @jax.jit
@@ -137,7 +138,7 @@ def test_particles_flow_is_the_langevin_step_with_no_repulsion_and_no_noise():
                                   mutable=['intermediates'])
     flat_inputs = {('block_0', 'attn'): inter['intermediates']['block_0']['attn'][
         'mimicry_inputs'][0]}
-    force = lm.mimicry_forces(params, flat_inputs, method.mimicry, 'favor')
+    force = training.lm.mimicry_forces(params, flat_inputs, method.mimicry, 'favor')
     # One projected gradient step: no noise (β = ∞), the force of D alone (λ = 0).
     return langevin.langevin_step(jax.random.key(9), params['block_0']['attn']['particles'],
                                   force[('block_0', 'attn')], step_size=p.step_size,
@@ -158,7 +159,7 @@ def test_calibration_sets_the_force_ratio_and_the_drift_to_noise():
   method = methods.build(config, jax.random.key_data(jax.random.key(0)))
   state, batch = _state_and_batch(config, method)
   cal = run.calibrate(config, state, method.model, batch)
-  data, rep = lm.force_terms(state.params, batch, method.model,
+  data, rep = training.lm.force_terms(state.params, batch, method.model,
                              methods.mimicry_settings(config, 1.0), 'favor',
                              config.data.num_pairs)
   norms = lambda tree: np.concatenate([np.linalg.norm(np.asarray(a), axis=-1).ravel()
@@ -174,7 +175,7 @@ def test_a_run_stops_before_saving_when_a_particle_turns_non_finite(tmp_path, mo
   # Issue 39 item 3: the LM loop stops at the step that made a particle non-finite, naming
   # its block and head, before the save that would keep it.
   config = _quick('particles_flow')
-  real_step = lm.train_step
+  real_step = training.lm.train_step
 
   def poisoned(state, *args):
     state, metrics = real_step(state, *args)
@@ -184,7 +185,7 @@ def test_a_run_stops_before_saving_when_a_particle_turns_non_finite(tmp_path, mo
     params = dict(state.params, block_0=block)
     return state.replace(params=params), metrics
 
-  monkeypatch.setattr(run.lm, 'train_step', poisoned)
+  monkeypatch.setattr(run.training.lm, 'train_step', poisoned)
   workdir = str(tmp_path / 'run')
   with pytest.raises(FloatingPointError, match=r'step 1: block_0/attn/particles head 1 holds 1 '
                                                r'non-finite value\(s\); stopped before saving '
