@@ -191,7 +191,7 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
   def build(h):
     m = methods.build(config, h['key'], lam=h['lam'], beta=h['beta'], step_size=h['eta'])
     tx = training.lm.make_optimizer(h['lr'], weight_decay=t.weight_decay, particle_tx=m.particle_tx,
-                           decay_steps=decay, with_particles=with_particles)
+                                    decay_steps=decay, with_particles=with_particles)
     return m, tx
 
   @jax.jit

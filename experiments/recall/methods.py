@@ -98,8 +98,8 @@ def mimicry_settings(config, lam: float) -> training.lm.MimicrySettings:
   p = config.particles
   distilled = config.method == 'hedgehog_distilled'
   return training.lm.MimicrySettings(lam=0.0 if distilled else lam, riesz_s=p.riesz_s,
-                            softening=p.softening, target=p.target, rows=p.rows,
-                            with_task_gradient=distilled)
+                                     softening=p.softening, target=p.target, rows=p.rows,
+                                     with_task_gradient=distilled)
 
 
 def build(config, key: jax.Array, *, lam: Optional[float] = None,

@@ -259,7 +259,7 @@ def calibrate(config, state, model, batch) -> dict:
     return {'lam': 0.0, 'beta': float('inf')}
   settings = methods.mimicry_settings(config, 1.0)
   data, rep = training.lm.force_terms(state.params, batch, model, settings,
-                             methods.FEATURE_MAP[config.method], config.data.num_pairs)
+                                      methods.FEATURE_MAP[config.method], config.data.num_pairs)
   lam = (langevin_diagnostics.relative_lam(rep, data, p.relative_lam) if p.relative_lam
          else p.lam)
   grad = jax.tree.map(lambda a, b: a + lam * b, data, rep)
@@ -329,7 +329,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
   while step < t.steps and not stopped:
     start = time.time()
     state, metrics = training.lm.train_step(state, batches.batch(step), method.mimicry,
-                                   method.feature_map, d.num_pairs)
+                                            method.feature_map, d.num_pairs)
     step += 1
     check_finite(state, metrics, step, saved_step)       # every step, before any save
     if step % t.log_every == 0 or step == t.steps:

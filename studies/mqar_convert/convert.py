@@ -174,7 +174,7 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
   data = run_lib.data_args(config)
   if method in FITTED and fit_steps:
     settings = built.mimicry or training.lm.MimicrySettings(lam=0.0, target=config.particles.target,
-                                                   rows=config.particles.rows)
+                                                            rows=config.particles.rows)
     particle_tx = built.particle_tx if method == 'particles_softmax' else optax.adam(
         hedgehog_learning_rate)
     state = _state(model, params, particle_tx, optax.set_to_zero())

@@ -31,7 +31,7 @@ def test_on_the_causal_lm_it_is_the_lms_own_step_bit_for_bit(with_task_gradient)
   tx = langevin.langevin_transform(jax.random.PRNGKey(9), step_size=1e-2, beta=1e4,
                                    radius=4.0)
   lm_state = training.lm.make_state(jax.random.PRNGKey(0), model, SEQ, learning_rate=3e-3,
-                           particle_tx=tx)
+                                    particle_tx=tx)
   settings = training.lm.MimicrySettings(lam=0.1, rows=2, with_task_gradient=with_task_gradient)
   step = jax.jit(training.make_interleaved_step(
       model, lm_state.tx, inputs=lambda b: (b.inputs, None, None),

@@ -176,7 +176,7 @@ def test_frozen_particles_stay_and_the_rest_trains():
   import optax  # pylint: disable=g-import-not-at-top
   model = tiny('kernel', 'favor')
   state = training.lm.make_state(jax.random.key(2), model, 16, learning_rate=1e-2,
-                        particle_tx=optax.set_to_zero())
+                                 particle_tx=optax.set_to_zero())
   data = mqar.mqar_batch(jax.random.key(5), 4, vocab_size=V, seq_len=16, num_pairs=2)
   new, _ = training.lm.train_step(state, data)
   np.testing.assert_array_equal(new.params['block_0']['attn']['particles'],

@@ -68,7 +68,7 @@ def _quick(method, **fields):
 def _state_and_batch(config, method):
   keys = run._keys(0)   # pylint: disable=protected-access
   state = training.lm.make_state(keys['init'], method.model, config.data.seq_len,
-                        particle_tx=method.particle_tx)
+                                 particle_tx=method.particle_tx)
   batch = mqar.mqar_batch(jax.random.key(3), 4, **run.data_args(config))
   return state, batch
 
@@ -89,7 +89,7 @@ def test_hedgehog_starts_at_the_identity_and_its_w_trains(name):
     assert omega.shape == (2, 4, head_dim)
     np.testing.assert_array_equal(omega, np.broadcast_to(np.eye(head_dim)[:4], omega.shape))
   new, _ = training.lm.train_step(state, batch, method.mimicry, method.feature_map,
-                         config.data.num_pairs)
+                                  config.data.num_pairs)
   for before, after in zip(_particles(state.params).values(), _particles(new.params).values()):
     assert float(jnp.max(jnp.abs(after - before))) > 1e-5      # W moved by AdamW
 
@@ -160,8 +160,8 @@ def test_calibration_sets_the_force_ratio_and_the_drift_to_noise():
   state, batch = _state_and_batch(config, method)
   cal = run.calibrate(config, state, method.model, batch)
   data, rep = training.lm.force_terms(state.params, batch, method.model,
-                             methods.mimicry_settings(config, 1.0), 'favor',
-                             config.data.num_pairs)
+                                      methods.mimicry_settings(config, 1.0), 'favor',
+                                      config.data.num_pairs)
   norms = lambda tree: np.concatenate([np.linalg.norm(np.asarray(a), axis=-1).ravel()
                                        for a in jax.tree.leaves(tree)])
   # λ·median‖∇W_k‖ = 0.1·median‖∇D_k‖, and the median drift is twice the noise RMS.
