@@ -145,6 +145,11 @@ ZOOLOGY = {
 }
 
 
+# The pair that isolates the Coulomb terms: the same mimicry target and Langevin step, with
+# the repulsion felt and the noise on (first) and with λ = 0 and no noise (second).
+COULOMB_PAIR = ('particles_softmax', 'particles_flow')
+
+
 def zoology_name(method, seq_len, num_pairs, width, learning_rate, seed) -> str:
   return f'{method}-L{seq_len}-P{num_pairs}-w{width}-lr{learning_rate:.1e}-seed{seed}'
 
@@ -184,9 +189,11 @@ def zoology_plan(root: str, grid: dict = None):
   """``(runnable, waiting)``: the runs whose prerequisites are finished, in order, and how
   many runs still wait on an unfinished one (a pilot, or a cell's sweep).
 
-  Order: the pilots; each sweep cell (methods × rates, seed 0); (256, 16) seed 0 at each
-  method's best rate of (128, 8); seeds 1 and 2 at each method's best rate of each sweep
-  cell, then at (256, 16). The particles' step size is the pilot's choice for the cell
+  Order: the pilots; the later seeds of ``COULOMB_PAIR`` at a sweep cell as soon as both
+  methods' sweeps of that cell are done (the question whether the Coulomb terms change
+  anything needs them paired by seed); each sweep cell (methods × rates, seed 0); (256, 16)
+  seed 0 at each method's best rate of (128, 8); seeds 1 and 2 at each method's best rate
+  of each sweep cell, then at (256, 16). The particles' step size is the pilot's choice for the cell
   (the (256, 16) runs take (128, 8)'s). The best rate of a method is the argmax of
   ``selection_key`` over its seed-0 runs (validation batch, never the test batch).
   """
@@ -237,17 +244,21 @@ def zoology_plan(root: str, grid: dict = None):
       entry = (zoology_name(method, long_len, long_pairs, w, lr, seed),
                _cell(long_len, long_pairs, w, method=method, seed=seed, **extra))
       (runs if seed == 0 else later).append(entry)
+  pair = []
   for seed in g['seeds'][1:]:
     for seq_len, num_pairs in g['sweep_cells']:
+      paired = all((seq_len, num_pairs, m) in best for m in COULOMB_PAIR)
       for method in g['methods']:
         choice = best.get((seq_len, num_pairs, method))
         if choice is None:
           waiting += 1
           continue
         lr, extra = choice
-        runs.append((zoology_name(method, seq_len, num_pairs, w, lr, seed),
-                     _cell(seq_len, num_pairs, w, method=method, seed=seed, **extra)))
-  return runs + later, waiting
+        entry = (zoology_name(method, seq_len, num_pairs, w, lr, seed),
+                 _cell(seq_len, num_pairs, w, method=method, seed=seed, **extra))
+        (pair if paired and method in COULOMB_PAIR else runs).append(entry)
+  pilots = [r for r in runs if r[0].startswith('pilot/')]
+  return pilots + pair + runs[len(pilots):] + later, waiting
 
 
 def zoology_best(rows: List[dict]) -> dict:
@@ -282,11 +293,6 @@ def _std(values):
     return 0.0
   mean = sum(values) / len(values)
   return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-
-
-# The pair that isolates the Coulomb terms: the same mimicry target and Langevin step, with
-# the repulsion felt and the noise on (first) and with λ = 0 and no noise (second).
-COULOMB_PAIR = ('particles_softmax', 'particles_flow')
 
 
 def coulomb_effect(rows: List[dict], best: dict) -> dict:

@@ -232,3 +232,33 @@ def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tm
   # A new machine: the run folders are gone, the committed file restores them.
   assert mqar_cmd.run_zoology(config, str(tmp_path / 'new'), results, runs_dir,
                               log=lambda *_: None, poll_seconds=0.0, grid=tiny) == 0
+
+
+def test_the_coulomb_pairs_later_seeds_run_first_once_both_sweeps_of_a_cell_are_done(tmp_path):
+  # The paired interval particles_softmax − particles_flow needs seeds 1 and 2 of both; they
+  # come right after the pilots, before the other methods' sweeps.
+  tiny = dict(grid.ZOOLOGY, sweep_cells=((16, 2), (24, 3)), long_cell=(32, 4), width=16,
+              learning_rates=(1e-3, 1e-2),
+              methods=('particles_softmax', 'particles_flow', 'taylor'), seeds=(0, 1, 2),
+              pilot_step_sizes=(1e-3,), pilot_steps=2)
+  root = tmp_path / 'grid'
+
+  def done(name, valid):
+    (root / name).mkdir(parents=True)
+    (root / name / 'result.json').write_text(json.dumps({'valid_accuracy': valid,
+                                                         'valid_loss': 1.0}))
+  for cell in ('L16-P2', 'L24-P3'):
+    done(f'pilot/particles_softmax-{cell}-w16-eta1e-03', 0.5)
+  for method in ('particles_softmax', 'particles_flow'):       # only (16, 2) swept
+    done(f'{method}-L16-P2-w16-lr1.0e-03-seed0', 0.2)
+    done(f'{method}-L16-P2-w16-lr1.0e-02-seed0', 0.3 if method == 'particles_flow' else 0.1)
+  names = [n for n, _ in grid.zoology_plan(str(root), tiny)[0]]
+  assert names[:6] == ['pilot/particles_softmax-L16-P2-w16-eta1e-03',
+                       'pilot/particles_softmax-L24-P3-w16-eta1e-03',
+                       'particles_softmax-L16-P2-w16-lr1.0e-03-seed1',
+                       'particles_flow-L16-P2-w16-lr1.0e-02-seed1',
+                       'particles_softmax-L16-P2-w16-lr1.0e-03-seed2',
+                       'particles_flow-L16-P2-w16-lr1.0e-02-seed2']
+  # The rest keeps its order: the sweeps, then the long cell, then the other seeds.
+  assert names[6] == 'particles_softmax-L16-P2-w16-lr1.0e-03-seed0'
+  assert len(names) == len(set(names))
