@@ -316,6 +316,7 @@ def main(argv):
       figure = FLAGS.figure if FLAGS['figure'].present else zoology_page.FIGURE
       if FLAGS.page:
         check_outputs(page=FLAGS.page, figure=figure)
+        check_outputs(figure=zoology_page.state_figure_path(figure))
       check_collect_source(FLAGS.workdir, results)
       write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
       if FLAGS.page:

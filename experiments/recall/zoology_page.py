@@ -4,7 +4,8 @@ r"""The Zoology-protocol block of ``docs/recall.md`` from the grid's results fil
 (the CPU grid's, the GPU grid's; each row keeps where it ran), draws test accuracy at answer
 positions against the learning rate, one panel per (cell, width), one line per method (the
 mean over the seeds run at that rate, a bar from the lowest to the highest seed; the
-Langevin methods at the η chosen with the rate on seed 0's validation batch), and replaces
+Langevin methods at the η chosen with the rate on seed 0's validation batch), then
+accuracy at the chosen rate against the state size (Zoology's recall–memory view), and replaces
 the ``mqar_zoology`` block of the page with the best-rate table (``grid.zoology_best``, per
 file), the chance level 1/P, what has not run, and the runs' commands, commits and machines.
 """
@@ -23,6 +24,15 @@ from experiments.recall import page as page_lib
 
 BLOCK = 'mqar_zoology'
 FIGURE = 'docs/figures/recall_zoology_accuracy_vs_rate.png'
+
+
+def state_figure_path(figure_path: str) -> str:
+  """Where the recall–state-size figure goes: beside ``figure_path``, its ``_vs_rate``
+  turned into ``_vs_state`` (else ``<name>_state.png``)."""
+  head, name = os.path.split(figure_path)
+  stem, ext = os.path.splitext(name)
+  stem = stem[:-len('_vs_rate')] + '_vs_state' if stem.endswith('_vs_rate') else stem + '_state'
+  return os.path.join(head, stem + ext)
 
 
 def _load(path: str) -> dict:
@@ -82,6 +92,52 @@ def figure(tables, path: str) -> str:
              + [Line2D([], [], color='black', linestyle=('-', '--', '-.')[f % 3],
                              marker='os^'[f % 3], mfc='none' if f % 2 else 'black',
                              label=label) for f, (label, _) in enumerate(tables)])
+  axes[0][-1].legend(handles=handles, fontsize=6, loc='center left', bbox_to_anchor=(1.0, 0.5))
+  fig.tight_layout()
+  return plots.save(fig, path)
+
+
+def state_figure(tables, path: str) -> str:
+  """Zoology's recall–memory view: each method's accuracy at its chosen rate (mean over the
+  seeds run there, a bar from the lowest to the highest seed) against its state size per
+  layer (``methods.state_size``: features × head dim summed over heads; softmax 2·L·E); one
+  panel per cell, widths side by side on the x axis, one marker per results file."""
+  plt = plots.pyplot()
+  cells = sorted({(r['seq_len'], r['num_pairs']) for _, t in tables for r in t['runs']})
+  fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells) + 2, 3.8), squeeze=False)
+  used = {}
+  for ax, (seq_len, pairs) in zip(axes[0], cells):
+    for f, (_, table) in enumerate(tables):
+      state = {(r['width'], r['method']): r['state_size'] for r in table['runs']
+               if (r['seq_len'], r['num_pairs']) == (seq_len, pairs)}
+      for key, entry in table['best'].items():
+        k_len, k_pairs, width, method = key.split('/')
+        if (int(k_len), int(k_pairs)) != (seq_len, pairs):
+          continue
+        i = methods.METHODS.index(method) if method in methods.METHODS else len(used)
+        rows = [r for r in _chosen([r for r in table['runs']
+                                    if (r['seq_len'], r['num_pairs'], r['width'],
+                                        r['method']) == (seq_len, pairs, int(width), method)],
+                                   table['best'])
+                if r['learning_rate'] == entry['learning_rate']]
+        acc = [r['accuracy'] for r in rows]
+        mean = entry['accuracy']['mean']
+        ax.errorbar([state[(int(width), method)]], [mean],
+                    yerr=[[mean - min(acc)], [max(acc) - mean]], color=f'C{i}',
+                    marker='os^'[f % 3], capsize=2, markersize=5,
+                    mfc='none' if f % 2 else f'C{i}', linestyle='none')
+        used[method] = i
+    ax.axhline(1.0 / pairs, color='grey', linewidth=0.8, linestyle=':')
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('state size per layer (floats; softmax: 2·L·E)')
+    ax.set_ylabel('test accuracy at the chosen rate')
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f'L = {seq_len}, {pairs} pairs (dotted: 1/P)')
+  handles = ([Line2D([], [], color=f'C{i}', marker='o', linestyle='none', label=m)
+              for m, i in used.items()]
+             + [Line2D([], [], color='black', linestyle='none', marker='os^'[f % 3],
+                       mfc='none' if f % 2 else 'black', label=label)
+                for f, (label, _) in enumerate(tables)])
   axes[0][-1].legend(handles=handles, fontsize=6, loc='center left', bbox_to_anchor=(1.0, 0.5))
   fig.tight_layout()
   return plots.save(fig, path)
@@ -151,11 +207,15 @@ def table_lines(tables) -> list:
 
 
 def write(results_files: Sequence[str], page: str, figure_path: str = FIGURE) -> None:
-  """The block ``mqar_zoology`` of ``page`` and its figure from ``results_files``."""
+  """The block ``mqar_zoology`` of ``page`` and its two figures (``figure_path`` and, beside
+  it, ``state_figure_path(figure_path)``) from ``results_files``."""
   tables = [(_label(p, t), t) for p, t in ((p, _load(p)) for p in results_files)]
+  state_path = state_figure_path(figure_path)
   figure(tables, figure_path)
+  state_figure(tables, state_path)
   begin, end = page_lib.markers(BLOCK)
-  rel = os.path.relpath(figure_path, os.path.dirname(page))
+  rel = lambda path: os.path.relpath(path, os.path.dirname(page))
   page_block.write_block(page, begin, end,
-                         [f'![accuracy against the learning rate]({rel})', '']
+                         [f'![accuracy against the learning rate]({rel(figure_path)})', '',
+                          f'![accuracy against the state size]({rel(state_path)})', '']
                          + table_lines(tables))
