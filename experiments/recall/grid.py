@@ -193,8 +193,8 @@ def zoology_plan(root: str, grid: dict = None):
   methods' sweeps of that cell are done (the question whether the Coulomb terms change
   anything needs them paired by seed); each sweep cell (methods × rates, seed 0); (256, 16)
   seed 0 at each method's best rate of (128, 8); seeds 1 and 2 at each method's best rate
-  of each sweep cell, then at (256, 16). The particles' step size is the pilot's choice for the cell
-  (the (256, 16) runs take (128, 8)'s). The best rate of a method is the argmax of
+  of each sweep cell, then at (256, 16). The particles' step size is the pilot's choice for
+  the cell (the (256, 16) runs take (128, 8)'s). The best rate of a method is the argmax of
   ``selection_key`` over its seed-0 runs (validation batch, never the test batch).
   """
   g = grid or ZOOLOGY
@@ -315,8 +315,8 @@ def coulomb_effect(rows: List[dict], best: dict) -> dict:
       continue
     seq_len, num_pairs, width = (int(x) for x in cell.split('/'))
 
-    def runs_of(name, entry=None, _cell=(seq_len, num_pairs, width)):
-      eta = (entry or best[f'{cell}/{name}']).get('particle_step_size')
+    def runs_of(name, _cell=(seq_len, num_pairs, width), _key=cell):
+      eta = best[f'{_key}/{name}'].get('particle_step_size')
       return [r for r in rows
               if (r['seq_len'], r['num_pairs'], r['width'], r['method']) == (*_cell, name)
               and (eta is None or r.get('particle_step_size') == eta)]

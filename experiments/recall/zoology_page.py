@@ -159,6 +159,8 @@ def coulomb_lines(effect: dict) -> list:
   for cell, e in effect.items():
     seq_len, pairs, width = cell.split('/')
     d, ci = e['difference'], e['interval_95']
+    if d['mean'] is None:
+      continue
     where = f'[{ci[0]:+.3f}, {ci[1]:+.3f}]' if ci else 'no interval'
     rates = ', '.join(f'{lr} {v:+.3f}' for lr, v in e['seed0_by_rate'].items())
     ratio = ', '.join(f'{x:.3g}' for x in e['calibration'].get('force_ratio', []))
