@@ -7,7 +7,7 @@
 * ``flax_attention``: ``kernel_attention_fn``, an ``attention_fn`` for
   ``nn.MultiHeadDotProductAttention`` (no flax import), and the names the layers sow
   (``PHASE_A_INPUTS``, ``MIMICRY_INPUTS``);
-* ``lm``: the causal LM on MQAR, its optimiser and its train step.
+* ``lm``: the causal LM on MQAR (its optimiser and train step: ``training.lm``).
 
 Only ``flax_attention`` is imported here (``import coulomb_jax`` keeps flax out):
 ``from coulomb_jax.layers import models``.
