@@ -42,6 +42,17 @@ class ConfigError(ValueError):
   """A bad config value or workdir, found before the run starts: reported in one line."""
 
 
+def check_names(field: str, value, allowed: Sequence[str]) -> None:
+  """``--config.<field>``, a tuple of names, is non-empty and within ``allowed``: one
+  ``ConfigError`` naming the field, the names not allowed and the tuple syntax otherwise
+  (``--config.f=a,b`` gives the one name ``'a,b'``)."""
+  allowed = list(allowed)
+  bad = [v for v in value if v not in allowed] if isinstance(value, (tuple, list)) else [value]
+  if bad or not value:
+    raise ConfigError(f'--config.{field}: {bad or value!r} not in {allowed} (a tuple: '
+                      f'--config.{field}="({allowed[0]!r},)").')
+
+
 class StorageError(OSError):
   """A write the disk refused (full, read-only, ...), with what was kept: one line."""
 

@@ -143,11 +143,7 @@ def check_config(config) -> None:
   if config.dataset not in train_config.DATASETS:
     raise cli.ConfigError(f'--config.dataset: expected one of '
                           f'{sorted(train_config.DATASETS)}, got {config.dataset!r}.')
-  maps = config.feature_maps
-  bad = [m for m in maps if m not in text_config.MAPS] if isinstance(maps, tuple) else [maps]
-  if bad or not maps:
-    raise cli.ConfigError(f'--config.feature_maps: {bad or maps!r} not in {text_config.MAPS} '
-                          '(a tuple: --config.feature_maps="(\'elu\',)").')
+  cli.check_names('feature_maps', config.feature_maps, text_config.MAPS)
   if not isinstance(config.batches, int) or config.batches < 1:
     raise cli.ConfigError(f'--config.batches: expected an integer >= 1, got '
                           f'{config.batches!r}.')

@@ -109,13 +109,8 @@ def check_config(config) -> None:
   if config.dataset not in train_config.DATASETS:
     raise cli.ConfigError(f'--config.dataset: expected one of {sorted(train_config.DATASETS)}, '
                      f'got {config.dataset!r}.')
-  for field, allowed in (('settings', list(pilot_settings.SETTINGS)),
-                         ('feature_maps', list(text_config.MAPS))):
-    value = config[field]
-    bad = [v for v in value if v not in allowed] if isinstance(value, (tuple, list)) else [value]
-    if bad or not value:
-      raise cli.ConfigError(f'--config.{field}: {bad or value!r} not in {allowed} (a tuple: '
-                       f'--config.{field}="({allowed[0]!r},)").')
+  cli.check_names('settings', config.settings, pilot_settings.SETTINGS)
+  cli.check_names('feature_maps', config.feature_maps, text_config.MAPS)
   if not isinstance(config.phase_a_epochs, int) or config.phase_a_epochs < 0:
     raise cli.ConfigError(f'--config.phase_a_epochs: expected an integer >= 0 (0: the run\'s '
                      f'own), got {config.phase_a_epochs!r}.')

@@ -16,7 +16,6 @@ import json
 import math
 import os
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp

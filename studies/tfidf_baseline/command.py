@@ -141,17 +141,13 @@ def run_tfidf(task: str, data_dir: str, c_grid: Sequence[float], *,
 def check_config(config) -> list:
   """``config.c_grid`` as floats; one ``cli.ConfigError`` naming the field unless ``config``
   can run (every check before any fit)."""
-  tasks = config.tasks
-  bad = [t for t in tasks if t not in data.TASKS] if isinstance(tasks, tuple) else [tasks]
-  if bad or not tasks:
-    raise cli.ConfigError(f'--config.tasks: {bad or tasks!r} not in {list(data.TASKS)} '
-                          '(a tuple: --config.tasks="(\'sst2\',)").')
+  cli.check_names('tasks', config.tasks, data.TASKS)
   if config.validation_rule not in data.VALIDATION_RULES:
     raise cli.ConfigError(f'--config.validation_rule: expected one of '
                           f'{list(data.VALIDATION_RULES)}, got {config.validation_rule!r}.')
-  if config.validation_rule == 'sentences' and tasks != ('sst2',):
+  if config.validation_rule == 'sentences' and config.tasks != ('sst2',):
     raise cli.ConfigError(f"--config.validation_rule=sentences is for sst2 only, got tasks "
-                          f"{tasks!r} (pass --config.tasks=\"('sst2',)\").")
+                          f"{config.tasks!r} (pass --config.tasks=\"('sst2',)\").")
   try:
     return check_c_grid(config.c_grid)
   except ValueError as e:
