@@ -19,6 +19,7 @@ softmax or any ``attention_fn``) or ``models.KernelAttention``:
    ``gradient_flow``   the same with λ = 0 and β = ∞: ω ← P_R(ω − η·M·clip(∇CE)).
    ``hedgehog``        Zhang et al.'s φ = [e^{Wx}, e^{−Wx}] (map ``hedgehog``), M = N/2 rows
                        of W from N(0, I/D), by Adam on H (λ = 0: Hedgehog's loss exactly).
+   ``adam``            the same Adam fit for any positive map (``feature_map``).
    ==================  ======================================================================
 
 3. ``linear_attention_fns(omegas, feature_map)``: one ``flax_attention.kernel_attention_fn``
@@ -31,9 +32,11 @@ are fitted at once, vmapped over G = Σ_layers H groups (layer-major, record ord
 uses recorded batch ``t % len(recorded)`` and noise key ``fold_in(key, t)`` split over the
 groups. The rows of a sequence are compared over all its recorded keys, so for a causal
 model the target is the kernel (causality changes which keys a row sums, not the kernel):
-run it with ``causal=True``. A fit inside a model (each step records the converted model's
-own attention; ``studies/mqar_convert/convert.py``) uses ``attention_records`` and
-``head_grads`` with its own optimiser.
+run it with ``causal=True``. ``fit_in_model(key, model, variables, batches, method=...,
+steps=T)`` is the same fit inside a model whose layers are already ``KernelAttention``
+(a trained model rebuilt with kernel attention, its weights copied in): each step records
+the model's own attention with its current features, so a later layer's queries and keys
+follow the features fitted below it (``studies/mqar_convert``).
 
 Example (``model`` takes its layers' attention functions from a field ``attention_fns``)::
 
@@ -53,22 +56,21 @@ from typing import Callable, Dict, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import traverse_util
 
 from coulomb_jax.conversion.fidelity import group_fidelity, heldout_fidelity
-from coulomb_jax.conversion.fit import (FIT_METHODS, FitSettings, default_feature_map,
-                                        fit_features, fit_groups, head_grads,
-                                        initial_features, make_fit_step, mimicry_energy,
-                                        rows_for)
+from coulomb_jax.conversion.fit import (ADAM_METHODS, FIT_METHODS, FitSettings,
+                                        default_feature_map, fit_features, fit_groups,
+                                        fit_in_model, head_grads, initial_features,
+                                        make_fit_step, mimicry_energy, rows_for,
+                                        with_particles)
 from coulomb_jax.conversion.record import (AttentionRecord, Path, attention_records,
                                            record_attention, split_heads, stack_heads,
                                            stack_initial)
 from coulomb_jax.layers import flax_attention
-from coulomb_jax.layers import models
 
-__all__ = ['FIT_METHODS', 'AttentionRecord', 'FitSettings', 'Path', 'attention_records',
-           'default_feature_map', 'fit_features', 'fit_groups', 'group_fidelity', 'head_grads',
+__all__ = ['ADAM_METHODS', 'FIT_METHODS', 'AttentionRecord', 'FitSettings', 'Path',
+           'attention_records', 'default_feature_map', 'fit_features', 'fit_groups',
+           'fit_in_model', 'group_fidelity', 'head_grads',
            'heldout_fidelity',
            'initial_features', 'linear_attention_fns', 'make_fit_step', 'mimicry_energy',
            'record_attention', 'rows_for', 'split_heads', 'stack_heads', 'stack_initial',
@@ -86,18 +88,3 @@ def linear_attention_fns(omegas: Dict[Path, jax.Array], feature_map: str, *,
     raise ValueError('omegas must hold at least one layer, got none.')
   return tuple(flax_attention.kernel_attention_fn(jnp.asarray(w), feature_map, causal=causal)
                for w in omegas.values())
-
-
-def with_particles(params, omegas: Dict[Path, jax.Array]):
-  """``params`` with ``path/particles`` set to ``omegas[path]`` (``KernelAttention`` layers,
-  or modules holding ``models.particles_param``); the shapes must match."""
-  flat = dict(traverse_util.flatten_dict(params))
-  for path, omega in omegas.items():
-    leaf = tuple(path) + (models.PARTICLES,)
-    if leaf not in flat:
-      raise ValueError(f'omegas: params hold no {"/".join(leaf)}.')
-    if np.shape(flat[leaf]) != np.shape(omega):
-      raise ValueError(f'omegas[{"/".join(path)}] has shape {np.shape(omega)}, the params\' '
-                       f'particles {np.shape(flat[leaf])}.')
-    flat[leaf] = jnp.asarray(omega, flat[leaf].dtype)
-  return traverse_util.unflatten_dict(flat)

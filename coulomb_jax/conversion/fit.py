@@ -1,25 +1,33 @@
 """Fitting features to recorded attention, every head of every layer at once: particles by
-Langevin, gradient flow, Hedgehog by Adam (``fit_features``, ``fit_groups``)."""
+Langevin, gradient flow, Hedgehog (or any map) by Adam, on records made once
+(``fit_features``, ``fit_groups``) or remade from the model at every step (``fit_in_model``)."""
 
 import functools
 import math
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from flax import traverse_util
 
 from coulomb_jax import _checks
 from coulomb_jax import features
 from coulomb_jax import langevin
 from coulomb_jax import mimicry
 from coulomb_jax import repulsion
-from coulomb_jax.conversion.record import (AttentionRecord, Path, split_heads, stack_heads,
-                                           stack_initial)
+from coulomb_jax.conversion.record import (AttentionRecord, Path, attention_records,
+                                           split_heads, stack_heads, stack_initial)
+from coulomb_jax.layers import models
 
-FIT_METHODS = ('particles', 'gradient_flow', 'hedgehog')
+FIT_METHODS = ('particles', 'gradient_flow', 'hedgehog', 'adam')
 """How ``fit_features`` moves the features (the table in the package docstring)."""
+
+ADAM_METHODS = ('hedgehog', 'adam')
+"""The methods that move the rows by Adam (``hedgehog``: ``adam`` with the map ``hedgehog``)."""
 
 
 class FitSettings(NamedTuple):
@@ -31,7 +39,7 @@ class FitSettings(NamedTuple):
   clip_norm: Optional[float] = 10.0  # per-head clip of ∇H in the Langevin methods
   riesz_s: repulsion.Exponent = 'coulomb'
   softening: float = 0.5           # ε of the Riesz kernel
-  learning_rate: float = 3e-3      # Adam's rate (``hedgehog``)
+  learning_rate: float = 3e-3      # Adam's rate (``hedgehog``, ``adam``)
   target: str = 'cross_entropy'    # the data term (``mimicry.TARGETS``)
 
 
@@ -42,7 +50,8 @@ def _check_method(method):
 
 def default_feature_map(method: str, feature_map: Optional[str] = None) -> str:
   """The map of ``method``: ``hedgehog`` for ``'hedgehog'`` (the only one it takes), else
-  ``feature_map`` (default ``favor``; a name in ``mimicry.MIMICRY_FEATURE_MAPS``)."""
+  ``feature_map`` (default ``favor``; a name in ``mimicry.MIMICRY_FEATURE_MAPS``; ``'adam'``
+  fits any of them the way ``'hedgehog'`` fits its own)."""
   _check_method(method)
   if method == 'hedgehog':
     if feature_map not in (None, 'hedgehog'):
@@ -69,13 +78,13 @@ def initial_features(key: jax.Array, groups: int, num_features: int, dim: int, *
                      radius: float = FitSettings().radius) -> jax.Array:
   """The starting rows ``[G, M, D]``: one N(0, I) draw ``[M, D]`` per group (key
   ``split(key, G)[g]``), projected onto the ball ‖ω‖ ≤ ``radius`` (``particles``,
-  ``gradient_flow``) or scaled by 1/√D (``hedgehog``, so that Wx has the scale of x)."""
+  ``gradient_flow``) or scaled by 1/√D (``hedgehog``, ``adam``: Wx at the scale of x)."""
   _checks.check_key('key', key)
   fm = default_feature_map(method, feature_map)
   m = rows_for(fm, num_features)
   groups, dim = _checks.check_int('groups', groups, 1), _checks.check_int('dim', dim, 1)
   draw = jax.vmap(lambda k: features.sample_gaussian(k, m, dim))(jax.random.split(key, groups))
-  if method == 'hedgehog':
+  if method in ADAM_METHODS:
     return draw / math.sqrt(dim)
   _checks.check_positive('radius', radius, allow_inf=True)
   return langevin.project_to_ball(draw, radius)
@@ -122,10 +131,10 @@ def make_fit_step(method: str, energy: Callable, settings: FitSettings = FitSett
   plus shared entries that ``energy`` (``mimicry_energy`` or the caller's, same
   signature) reads. ``particles``: every group moves by ``langevin.langevin_step`` with
   its own key (``split(key, G)``) and clip; ``gradient_flow``: the same at β = ∞ (λ = 0
-  is the energy's); ``hedgehog``: Adam. H is the energy before the step.
+  is the energy's); ``hedgehog``, ``adam``: Adam. H is the energy before the step.
   """
   _check_method(method)
-  if method == 'hedgehog':
+  if method in ADAM_METHODS:
     _checks.check_positive('learning_rate', settings.learning_rate)
     opt = optax.adam(settings.learning_rate)
 
@@ -234,6 +243,89 @@ def fit_features(key: jax.Array, recorded: Sequence[Dict[Path, AttentionRecord]]
   omegas, head_losses = split_heads(omega, layout), split_heads(losses, layout, axis=1)
   _check_finite_fit(omegas, head_losses, method, steps)
   return omegas, head_losses
+
+
+def with_particles(params, omegas: Dict[Path, jax.Array]):
+  """``params`` with ``path/particles`` set to ``omegas[path]`` (``KernelAttention`` layers,
+  or modules holding ``models.particles_param``); the shapes must match."""
+  flat = dict(traverse_util.flatten_dict(params))
+  for path, omega in omegas.items():
+    leaf = tuple(path) + (models.PARTICLES,)
+    if leaf not in flat:
+      raise ValueError(f'omegas: params hold no {"/".join(leaf)}.')
+    if np.shape(flat[leaf]) != np.shape(omega):
+      raise ValueError(f'omegas[{"/".join(path)}] has shape {np.shape(omega)}, the params\' '
+                       f'particles {np.shape(flat[leaf])}.')
+    flat[leaf] = jnp.asarray(omega, flat[leaf].dtype)
+  return traverse_util.unflatten_dict(flat)
+
+
+def fit_in_model(key: jax.Array, model: nn.Module, variables, batches: Sequence[Any], *,
+                 method: str, steps: int, feature_map: Optional[str] = None,
+                 settings: FitSettings = FitSettings(), inputs: Optional[Callable] = None,
+                 apply_kwargs: Optional[Dict[str, Any]] = None
+                 ) -> Tuple[Any, Dict[Path, np.ndarray]]:
+  """``(variables, {path: losses [steps, H]})``: the ``particles`` of every attention layer of
+  ``model`` fitted to the softmax attention of its own queries and keys, in place.
+
+  Step t records the model with its current features (``attention_records`` on
+  ``batches[t % len]``: layer 1's (q, k) stay the trained model's, a later layer's follow
+  the features fitted below it) and moves every head of every layer once by
+  ``make_fit_step`` (key ``fold_in(key, t)``), from the rows the params hold. Every
+  recorded layer must hold ``particles`` (a ``models.KernelAttention``, e.g. a trained model
+  rebuilt with kernel attention and its weights copied in; ``fit_features`` fits recorded
+  softmax layers). ``method``, ``feature_map`` (the model's map), ``settings``: as
+  ``fit_features`` (λ of ``mimicry_energy``: ``settings.lam``, 0 for ``gradient_flow``);
+  ``inputs``, ``apply_kwargs``: as ``attention_records``. Every other variable is unchanged.
+  ``losses[path][t]``: each head's H before step t.
+  """
+  _checks.check_key('key', key)
+  steps = _checks.check_int('steps', steps, 1)
+  fm = default_feature_map(method, feature_map)
+  if len(batches) == 0:
+    raise ValueError('batches must hold at least one batch, got none.')
+  if not isinstance(variables, dict) or 'params' not in variables:
+    raise ValueError(f'variables must be a dict with the model\'s \'params\', got '
+                     f'{type(variables).__name__}'
+                     f'{" with " + str(sorted(variables)) if isinstance(variables, dict) else ""}.')
+  record = functools.partial(attention_records, model, inputs=inputs, apply_kwargs=apply_kwargs)
+  paths = sorted(jax.eval_shape(record, variables, batches[0]))
+  flat = traverse_util.flatten_dict(variables['params'])
+  missing = ['/'.join(p) for p in paths if p + (models.PARTICLES,) not in flat]
+  if missing:
+    raise ValueError(f'model: attention layers {missing} hold no {models.PARTICLES!r}; '
+                     'fit_in_model fits kernel layers (fit_features fits recorded softmax ones).')
+  layout = tuple((p, np.shape(flat[p + (models.PARTICLES,)])[0]) for p in paths)
+  energy = mimicry_energy(fm, lam=0.0 if method == 'gradient_flow' else settings.lam,
+                          riesz_s=settings.riesz_s, softening=settings.softening,
+                          target=settings.target)
+  init, fit_step = make_fit_step(method, energy, settings)
+
+  def stacked_rows(params):
+    p = traverse_util.flatten_dict(params)
+    return jnp.concatenate([jnp.asarray(p[path + (models.PARTICLES,)], jnp.float32)
+                            for path, _ in layout], axis=0)
+
+  @jax.jit
+  def step(key, variables, opt_state, batch):
+    records = record(variables, batch)
+    stacked, _ = stack_heads({p: records[p] for p, _ in layout})
+    state = (stacked_rows(variables['params']), opt_state)
+    (omega, opt_state), loss = fit_step(key, state, stacked)
+    params = with_particles(variables['params'], split_heads(omega, layout))
+    return dict(variables, params=params), opt_state, loss
+
+  opt_state = init(stacked_rows(variables['params']))[1]
+  losses = []
+  for t in range(steps):
+    variables, opt_state, loss = step(jax.random.fold_in(key, t), variables, opt_state,
+                                      batches[t % len(batches)])
+    losses.append(loss)
+  omegas = {p: traverse_util.flatten_dict(variables['params'])[p + (models.PARTICLES,)]
+            for p, _ in layout}
+  head_losses = split_heads(np.asarray(jnp.stack(losses)), layout, axis=1)
+  _check_finite_fit(omegas, head_losses, method, steps)
+  return variables, head_losses
 
 
 def _check_finite_fit(omegas, losses, method: str, steps: int) -> None:

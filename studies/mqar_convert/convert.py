@@ -7,22 +7,23 @@ builds the same ``CausalLM`` with ``KernelAttention`` of ``method`` (N features 
 ``attn``: the kernel path scales q and k by D_h^{-1/4}, so FAVOR+ estimates the teacher's
 exp(q·k/√D_h) exactly in expectation), and then:
 
-1. **Fit** (``fit_steps`` steps, every weight but the features frozen; ``fit_step``): the
-   features move on the softmax-mimicry Hamiltonian of each layer's own queries and keys
-   (layer 1's are the teacher's; a later layer's follow the features below it), recorded
-   from the student at every step on a fresh batch (``coulomb_jax.conversion``:
-   ``attention_records``, then ``head_grads`` of ``mimicry_energy`` with the settings of
-   ``training.lm.MimicrySettings``: Hedgehog's cross-entropy between softmax and linear attention
-   rows, plus λ·repulsion for the particles), moved by the particles' transformation:
+1. **Fit** (``fit_steps`` steps, every weight but the features frozen): the library's
+   ``conversion.fit_in_model``. At every step each layer's own (q, k) on the first
+   ``config.particles.rows`` sequences of a fresh batch are recorded from the student (layer
+   1's are the teacher's; a later layer's follow the features fitted below it), and every
+   head moves once on its mimicry Hamiltonian (Hedgehog's cross-entropy between softmax and
+   linear attention rows, plus λ·repulsion for the particles), by the fit's method
+   (``fit_settings``):
 
    ==================== ==================================================================
-   ``particles_softmax`` projected Langevin (the teacher's ``config.particles``: β, R,
-                         clip, λ; η = ``particle_step_size``, default 3e-3 as the long grid).
-   ``softmaxfeat_trained`` W of φ = softmax([Wx, −Wx]) (random orthogonal rows) by Adam
-                         (``hedgehog_learning_rate``), λ = 0 (the committed table's
-                         ``hedgehog`` rows, relabelled: that was this map).
-   ``hedgehog``          W of Zhang et al.'s φ = [e^{Wx}, e^{−Wx}] from the identity, the
-                         same Adam fit.
+   ``particles_softmax`` ``'particles'``: projected Langevin with the teacher's
+                         ``config.particles`` (β, R, λ, Riesz s, ε, per-head clip);
+                         η = ``particle_step_size`` (default 3e-3, as the long grid).
+   ``softmaxfeat_trained`` ``'adam'`` on W of φ = softmax([Wx, −Wx]) (random orthogonal
+                         rows), rate ``hedgehog_learning_rate``, λ = 0 (the map the first
+                         grids called ``hedgehog``).
+   ``hedgehog``          ``'hedgehog'``: W of Zhang et al.'s φ = [e^{Wx}, e^{−Wx}] from the
+                         identity, the same Adam fit.
    ``favor_orthogonal``, no fit: the random features (the control).
    ``elu``
    ==================== ==================================================================
@@ -42,11 +43,9 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import serialization
-from flax import traverse_util
 from flax.training import train_state
 
 from coulomb_jax import conversion
@@ -115,34 +114,21 @@ def _state(model, params, particle_tx, rest_tx):
   return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
-def fit_step(model, feature_map: str, settings: training.lm.MimicrySettings):
-  """Jitted ``step(state, batch) -> state``: one move of every ``particles`` leaf of ``model``.
-
-  Each attention layer's own unscaled (q, k) on the batch's first ``settings.rows``
-  sequences (``conversion.attention_records``) give the per-head gradient of
-  ``conversion.mimicry_energy`` (λ, Riesz s, ε, target of ``settings``;
-  ``conversion.head_grads``); ``state``'s optimizer moves the particles with it and
-  must leave the rest as it is (``optax.set_to_zero``, ``_state``).
-  """
-  if settings.with_task_gradient:
-    raise ValueError('settings: the fit moves the features by the mimicry force alone; got '
-                     'with_task_gradient=True.')
-  energy = conversion.mimicry_energy(feature_map, lam=settings.lam, riesz_s=settings.riesz_s,
-                                     softening=settings.softening, target=settings.target)
-
-  def step(state, batch):
-    records = conversion.attention_records(model, {'params': state.params}, batch,
-                                           inputs=lambda b: (b.inputs,))
-    params = traverse_util.flatten_dict(state.params)
-    grads = {k: jnp.zeros_like(v) for k, v in params.items()}
-    for path, r in records.items():
-      leaf = path + (training.PARTICLES,)
-      _, grads[leaf] = conversion.head_grads(
-          energy, params[leaf], r.q[:, :settings.rows], r.k[:, :settings.rows],
-          {'key_mask': None, 'query_mask': None})
-    return state.apply_gradients(grads=traverse_util.unflatten_dict(grads))
-
-  return jax.jit(step)
+def fit_settings(method: str, config, hedgehog_learning_rate: float,
+                 particle_step_size: float):
+  """``(fit method, feature map, conversion.FitSettings)`` of a fitted ``method`` (the table
+  in the module docstring), from the teacher's ``config``."""
+  p = config.particles
+  if method == 'particles_softmax':
+    return 'particles', 'favor', conversion.FitSettings(
+        step_size=particle_step_size, beta=p.beta, lam=p.lam, radius=p.radius,
+        clip_norm=p.clip_norm, riesz_s=p.riesz_s, softening=p.softening, target=p.target)
+  adam = conversion.FitSettings(lam=0.0, learning_rate=hedgehog_learning_rate, target=p.target)
+  if method == 'hedgehog':
+    return 'hedgehog', 'hedgehog', adam
+  if method == 'softmaxfeat_trained':
+    return 'adam', 'softmaxfeat', adam
+  raise ValueError(f'method: {method!r} is not fitted; fitted are {FITTED}.')
 
 
 def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetune_steps: int,
@@ -173,17 +159,20 @@ def convert(teacher_dir: str, method: str, workdir: str, fit_steps: int, finetun
   start = time.time()
   data = run_lib.data_args(config)
   if method in FITTED and fit_steps:
-    settings = built.mimicry or training.lm.MimicrySettings(lam=0.0, target=config.particles.target,
-                                                            rows=config.particles.rows)
-    particle_tx = built.particle_tx if method == 'particles_softmax' else optax.adam(
-        hedgehog_learning_rate)
-    state = _state(model, params, particle_tx, optax.set_to_zero())
-    step = fit_step(model, built.feature_map, settings)
-    for t in range(fit_steps):
-      batch = mqar.mqar_batch(jax.random.fold_in(keys['train'], 10_000_000 + t),
-                              config.train.batch_size, **data)
-      state = step(state, batch)
-    params = state.params
+    fit_method, feature_map, settings = fit_settings(method, config, hedgehog_learning_rate,
+                                                     particle_step_size)
+    if feature_map != built.feature_map:
+      raise ValueError(f'{method}: the fit\'s map {feature_map!r} is not the model\'s '
+                       f'{built.feature_map!r}.')
+    rows = config.particles.rows
+    batches = [jax.tree.map(lambda x: x[:rows], mqar.mqar_batch(
+        jax.random.fold_in(keys['train'], 10_000_000 + t), config.train.batch_size, **data))
+               for t in range(fit_steps)]
+    variables, _ = conversion.fit_in_model(keys['langevin'], model, {'params': params}, batches,
+                                           method=fit_method, steps=fit_steps,
+                                           feature_map=feature_map, settings=settings,
+                                           inputs=lambda b: (b.inputs,))
+    params = variables['params']
   zero_shot = run_lib.evaluate(params, model, config, keys['eval'])
   log(f'{workdir}: teacher {teacher_result["accuracy"]:.4f}, zero-shot {method} '
       f'{zero_shot["accuracy"]:.4f}')

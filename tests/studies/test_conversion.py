@@ -1,6 +1,7 @@
 """coulomb_jax.conversion: a Flax model written here, trained with softmax, converted by each
-method; and the two conversions that call it (the mimicry study's encoder, the recall
-study's LM) equal their previous code bit for bit."""
+method; and the mimicry study's encoder conversion, which calls it, equals its previous code
+bit for bit (the recall study's LM conversion calls ``conversion.fit_in_model``, checked
+against the LM's own mimicry step in ``tests/library/test_conversion_in_model.py``)."""
 
 import math
 
@@ -14,10 +15,7 @@ import pytest
 from coulomb_jax import conversion
 from coulomb_jax import langevin
 from coulomb_jax import mimicry
-from coulomb_jax.layers import lm
-from coulomb_jax import training
 from coulomb_jax.layers import models
-from coulomb_jax.tasks import mqar
 
 VOCAB, LENGTH, WIDTH, HEADS, LAYERS = 24, 12, 32, 2, 2
 HEAD_DIM = WIDTH // HEADS
@@ -295,25 +293,3 @@ def test_the_mimicry_study_fits_as_before_bit_for_bit(method):
                          batches, s, steps=3)
   assert not np.array_equal(new, omega0)
   np.testing.assert_array_equal(new, old)
-
-
-@pytest.mark.slow
-def test_the_lm_conversion_fits_as_lm_train_step_did_bit_for_bit():
-  from studies.mqar_convert import convert  # pylint: disable=g-import-not-at-top
-  model = lm.CausalLM(vocab_size=32, max_len=16, width=16, num_layers=2, num_heads=2,
-                      attention='kernel', feature_map='favor', num_features=8, orthogonal=True)
-  params = training.lm.make_state(jax.random.key(0), model, 16).params
-  tx = langevin.langevin_transform(jax.random.key(5), step_size=3e-3, beta=50.0, radius=1.5,
-                                   clip_norm=10.0)
-  settings = training.lm.MimicrySettings(lam=1e-3, rows=4)
-  state = convert._state  # pylint: disable=protected-access
-  old = new = state(model, params, tx, optax.set_to_zero())
-  step = convert.fit_step(model, 'favor', settings)
-  for t in range(2):
-    batch = mqar.mqar_batch(jax.random.fold_in(jax.random.key(1), t), 8, vocab_size=32,
-                            seq_len=16, num_pairs=2, power_a=0.01)
-    old, _ = training.lm.train_step(old, batch, settings, 'favor')
-    new = step(new, batch)
-  moved = new.params['block_1']['attn']['particles'] - params['block_1']['attn']['particles']
-  assert float(jnp.max(jnp.abs(moved))) > 0
-  jax.tree.map(np.testing.assert_array_equal, new.params, old.params)

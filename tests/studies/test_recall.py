@@ -175,12 +175,12 @@ def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
                                 init['block_0']['attn']['particles'])
   rows = {m: convert.convert(teacher_dir, m, str(tmp_path / m), fit_steps=2, finetune_steps=2,
                              log=lambda *_: None, metadata={'command': 'c', 'commit': 'x'})
-          for m in ('favor_orthogonal', 'particles_softmax')}
+          for m in ('favor_orthogonal', 'particles_softmax', 'softmaxfeat_trained')}
   teacher_acc = json.load(open(os.path.join(teacher_dir, run.RESULT_FILE)))['accuracy']
   for m, r in rows.items():
     assert r['teacher_accuracy'] == pytest.approx(teacher_acc)    # the same evaluation batch
     assert 0.0 <= r['zero_shot_accuracy'] <= 1.0 and 0.0 <= r['finetuned_accuracy'] <= 1.0
-    assert r['fit_steps'] == (2 if m == 'particles_softmax' else 0)
+    assert r['fit_steps'] == (0 if m == 'favor_orthogonal' else 2)
   with pytest.raises(cli.ConfigError, match=r"^--teacher: .* is a 'elu' run"):
     elu_dir = str(tmp_path / 'elu')
     run.train_and_evaluate(quick('elu'), elu_dir, lambda *_: None)
