@@ -24,6 +24,12 @@ folders are gone, ``--runs_from_results`` writes the files from the rows of ``--
 alone (nothing else is written, no conversion is run):
 
   python -m studies.mqar_convert --runs_from_results
+
+``--page_from_results`` rewrites only ``--page``'s block from the rows of ``--results``
+(nothing run, no folder read, nothing else written): the committed page regenerates from the
+committed file alone:
+
+  python -m studies.mqar_convert --page_from_results --page=docs/recall.md
 """
 
 import glob
@@ -128,6 +134,29 @@ def runs_from_results(runs_out: str) -> None:
   write_records(recs, runs_out)
 
 
+def page_from_results() -> None:
+  """``--page_from_results``: ``--page``'s block from the rows of ``--results``, nothing else."""
+  for name in ('runs_from_results', 'collect_only', 'workdir'):
+    if FLAGS[name].value:
+      raise cli.ConfigError(f'--page_from_results writes only the page from --results; drop '
+                            f'--{name}={FLAGS[name].value}.')
+  if not FLAGS.page:
+    raise cli.ConfigError('--page_from_results needs --page (the page whose block it rewrites).')
+  if not os.path.isfile(FLAGS.results):
+    raise cli.ConfigError(f'--results: {FLAGS.results!r} is not a file (--page_from_results '
+                          'reads its rows).')
+  held = loading.read_json(FLAGS.results)
+  rows = held.get('runs') if isinstance(held, dict) else None
+  if not rows or not isinstance(rows, list):
+    raise cli.ConfigError(f'--results: {FLAGS.results} holds no runs to write the page from.')
+  try:
+    lines = table(rows)
+  except (KeyError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'--results: {FLAGS.results}: a row cannot be written to the page '
+                          f'({e!r}).') from None
+  page_block.write_block(FLAGS.page, BEGIN, END, lines)
+
+
 def check_config(config) -> None:
   """The study's settings, before any compute: one ``cli.ConfigError`` naming the field."""
   methods = list(config.methods)
@@ -148,6 +177,9 @@ def check_config(config) -> None:
 def main(argv):
   if len(argv) > 1:
     raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  if FLAGS.page_from_results:
+    page_from_results()
+    return
   runs_out = FLAGS.runs_out or run_files.default_study_runs_out(STUDY, FLAGS.results)
   run_files.check_runs_out(runs_out)
   if FLAGS.runs_from_results:
@@ -195,4 +227,6 @@ def launch() -> None:
   flags.DEFINE_bool('runs_from_results', False, 'Only write the per-run files, from the rows '
                     'of --results (for conversions whose folders are gone); nothing else is '
                     'written or run.')
+  flags.DEFINE_bool('page_from_results', False, 'Only rewrite --page\'s block from the rows '
+                    'of --results; nothing else is read, written or run.')
   cli.run(main)
