@@ -55,10 +55,15 @@ a ``results.json`` without its ``test`` section or one of its metrics, a damaged
 
 redraws the page and its paired figures from the ``<out>/<dataset>.json`` already
 there, without the runs (once their folder is gone): the tables and their
-provenance stay those of the summaries, a second line names the redraw.
+provenance stay those of the summaries, a last line names the redraw's command (no
+date or commit: the same summaries redraw the same page and figures, byte for byte).
+Summaries of several report runs redraw when the latest ran with ``--keep_others``
+(the page it wrote names the summaries it kept); a reliability diagram the page showed
+is kept, not redrawn (it needs the runs' predictions).
 """
 
 import os
+import sys
 from typing import Optional
 
 import numpy as np
@@ -215,14 +220,39 @@ def check_inputs(runs_dir: str, finished, references: dict) -> None:
                             'on one test split.')
 
 
+def redraw_command(out_dir: str, docs_path: str, figures_dir: Optional[str] = None) -> str:
+  """The command that redraws ``docs_path`` from the summaries in ``out_dir``, paths as
+  given: what a redrawn page names (the command ``main`` ran, made relative to the
+  repository root, when run from the command line)."""
+  figures = f' --figures={figures_dir}' if figures_dir is not None else ''
+  return (f'python -m experiments.report --from_summaries --out={out_dir} '
+          f'--docs={docs_path}{figures}')
+
+
+def _keeps_others(command: str) -> bool:
+  """Whether a report ``command`` ran with ``--keep_others`` (absl's spellings of true)."""
+  return any(a in ('--keep_others', '--keep_others=true', '--keep_others=True',
+                   '--keep_others=1') for a in command.split())
+
+
 def redraw_from_summaries(out_dir: str, docs_path: str, *, figures_dir: Optional[str] = None,
-                          meta: Optional[dict] = None) -> dict:
+                          command: Optional[str] = None) -> dict:
   """Rewrites ``docs_path`` and its paired-difference figures from the summaries
   ``write_report`` left in ``out_dir`` (``<dataset>.json``), without the runs (e.g.
-  once their folder is gone). The tables and the Provenance line keep the summaries'
-  command and commit; a second line names this redraw. Reliability diagrams need the
-  runs' predictions, so a redrawn page has none. Returns ``{dataset: summary}``."""
+  once their folder is gone). Returns ``{dataset: summary}``.
+
+  The page depends only on the summaries and the page's analysis block: the same files
+  give the same page and figures, byte for byte. Its tables and Provenance keep the
+  summaries' commands, commits and dates; a last line names the redraw by ``command``
+  (default ``redraw_command`` of the arguments) and nothing else, no date or commit of
+  its own. Summaries from several report runs are accepted when the latest of them ran
+  with ``--keep_others``: that is the page it wrote, which names the summaries it kept
+  and the run each came from; otherwise one page names one report run and the redraw is
+  refused. Reliability diagrams need the runs' predictions and are not redrawn: a
+  dataset shows the one the page embedded before, where that file is still in
+  ``figures_dir``, and says it has none otherwise."""
   docs_dir = os.path.dirname(docs_path)
+  figures_dir_arg = figures_dir
   figures_dir = os.path.join(docs_dir, 'figures') if figures_dir is None else figures_dir
   check_paths(out_dir, docs_path, figures_dir)
   analysis = pages.read_analysis(docs_path)          # fails before anything is written
@@ -237,18 +267,33 @@ def redraw_from_summaries(out_dir: str, docs_path: str, *, figures_dir: Optional
   for d in summaries:                                # the figures it redraws
     for name in pages.figure_names(docs_path, d).values():
       outputs.check_file('--figures', os.path.join(figures_dir, name), folder_must_exist=False)
-  made = {(s['command'], s['commit'], s['date']) for s in summaries.values()}
-  if len(made) > 1:
-    raise cli.ConfigError(f'--out: the summaries in {out_dir!r} come from {len(made)} '
-                          f'different report runs {sorted(made)}; one page names one.')
-  meta = meta or provenance.run_metadata('experiments.report')
-  figures = {}
+  made = {d: (s['command'], s['commit'], s['date']) for d, s in summaries.items()}
+  latest = max(made.values(), key=lambda m: (m[2], m[0], m[1]))
+  if len(set(made.values())) > 1 and not _keeps_others(latest[0]):
+    raise cli.ConfigError(
+        f'--out: the summaries in {out_dir!r} come from {len(set(made.values()))} different '
+        f'report runs {sorted(set(made.values()))} and the latest, `{latest[0]}`, did not keep '
+        'the others on its page (--keep_others); one page names one report run, or one run '
+        'and the summaries it kept.')
+  old_page = ''
+  if os.path.exists(docs_path):
+    with open(docs_path) as f:
+      old_page = f.read()
+  figures, kept_reliability = {}, False
   for d, s in summaries.items():
     drawn = pages.draw_figures(s, [], figures_dir, pages.figure_names(docs_path, d))
     figures[d] = {k: v and os.path.relpath(v, docs_dir or '.') for k, v in drawn.items()}
-  first = next(iter(summaries.values()))
-  provenance.write_atomic(docs_path, pages.markdown(summaries, analysis, first, figures,
-                                                    redrawn=meta))
+    reliability = os.path.join(figures_dir, pages.figure_names(docs_path, d)['reliability'])
+    shown = os.path.relpath(reliability, docs_dir or '.')
+    if os.path.isfile(reliability) and f']({shown})' in old_page:
+      figures[d]['reliability'] = shown
+      kept_reliability = True
+  meta = dict(zip(('command', 'commit', 'date'), latest))
+  kept = [d for d in summaries if made[d] != latest]
+  command = command or redraw_command(out_dir, docs_path, figures_dir_arg)
+  provenance.write_atomic(docs_path, pages.markdown(
+      summaries, analysis, meta, figures, kept=kept,
+      redrawn={'command': command, 'kept_reliability': kept_reliability}))
   return summaries
 
 
@@ -265,8 +310,8 @@ if __name__ == '__main__':
 
   _FROM_SUMMARIES = flags.DEFINE_bool(
       'from_summaries', False, 'Redraw --docs and its paired figures from the summaries '
-      'already in --out (<dataset>.json) instead of reading --runs (tables unchanged; no '
-      'reliability diagrams, which need the runs).')
+      'already in --out (<dataset>.json) instead of reading --runs (tables unchanged; the '
+      'reliability diagrams need the runs: those the page showed are kept, not redrawn).')
 
   _KEEP_OTHERS = flags.DEFINE_bool(
       'keep_others', False, 'Keep on the page the summaries (<out>/<dataset>.json) and '
@@ -289,7 +334,10 @@ if __name__ == '__main__':
     if len(argv) > 1:
       raise app.UsageError(f'unexpected arguments: {argv[1:]}')
     if _FROM_SUMMARIES.value:
-      summaries = redraw_from_summaries(_OUT.value, _DOCS.value, figures_dir=_FIGURES.value)
+      command = ' '.join(['python', '-m', 'experiments.report']
+                         + provenance.relative_args(sys.argv[1:]))
+      summaries = redraw_from_summaries(_OUT.value, _DOCS.value, figures_dir=_FIGURES.value,
+                                        command=command)
       print(f'redrew {_DOCS.value} from {sorted(summaries)}', flush=True)
       return
     summaries = write_report(_RUNS.value, _OUT.value, _DOCS.value, tfidf_dir=_TFIDF.value,

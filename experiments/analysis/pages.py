@@ -205,8 +205,8 @@ def _figure_lines(s, figures):
   title = TITLES.get(s['dataset'], s['dataset'])
   lines = []
   if figures.get('paired'):
-    lines += [f'Paired differences per map (Kernel-X − Vanilla-X and Kernel-X − Ball-X; mean '
-              f'over seeds with its 95% t-interval, a hollow point for one seed):', '',
+    lines += ['Paired differences per map (Kernel-X − Vanilla-X and Kernel-X − Ball-X; mean '
+              'over seeds with its 95% t-interval, a hollow point for one seed):', '',
               f"![{title}: paired differences]({figures['paired']})", '']
   if figures.get('reliability'):
     lines += ['Reliability diagrams on the test split (fraction of class 1 against the mean '
@@ -253,10 +253,11 @@ def markdown(summaries, analysis, meta, figures: Optional[dict] = None,
              redrawn: Optional[dict] = None, kept: Optional[List[str]] = None,
              runs_out: Optional[str] = None) -> str:
   """The page: the (hand-written) analysis first, then per dataset its figures and
-  tables, then where it came from (``redrawn``: the metadata of a redraw from the
-  summaries, ``redraw_from_summaries``; ``kept``: datasets whose summary was kept from an
-  earlier report run, ``write_report(keep_others=True)``; ``runs_out``: the folder of
-  the per-run files written with it, ``experiments.analysis.run_files``)."""
+  tables, then where it came from (``redrawn``: ``{command, kept_reliability}`` of a
+  redraw from the summaries, ``redraw_from_summaries``, named without a date or commit;
+  ``kept``: datasets whose summary was kept from an earlier report run,
+  ``write_report(keep_others=True)``; ``runs_out``: the folder of the per-run files
+  written with it, ``experiments.analysis.run_files``)."""
   parts = ['# Text classification: results', '', analysis, '',
            'Mean ± sample std (ddof = 1) over seeds on the evaluation split; one value when '
            'there is one seed. Train seconds: Phase A + Phase B, evaluation excluded.', '']
@@ -273,7 +274,11 @@ def markdown(summaries, analysis, meta, figures: Optional[dict] = None,
               f"`{k['command']}` at `{k['commit']}` ({k['date']}); its runs were not read "
               'this time.', '']
   if redrawn:
-    parts += [f"Page and figures redrawn from the summaries above (`<out>/<dataset>.json`, "
-              f"tables unchanged) by `{redrawn['command']}` at `{redrawn['commit']}` "
-              f"({redrawn['date']}).", '']
+    parts += [f"Page and paired figures redrawn from the summaries above "
+              f"(`<out>/<dataset>.json`, tables unchanged) by `{redrawn['command']}`: the same "
+              'summaries give the same page and figures, so the redraw adds no date or commit '
+              'of its own.' + (
+                  ' The reliability diagrams need the runs\' predictions and were not redrawn: '
+                  'those shown are the ones the page showed before.'
+                  if redrawn.get('kept_reliability') else ''), '']
   return '\n'.join(parts)

@@ -380,8 +380,8 @@ def test_redraw_from_summaries_keeps_the_tables_and_draws_the_paired_figure(grid
   out, docs = str(tmp_path / 'results'), str(tmp_path / 'docs' / 'results.md')
   report.write_report(grid, out, docs, meta=META, draw=False)
   before = open(docs).read()
-  again = dict(META, command='python -m experiments.report --from_summaries', commit='def456')
-  summaries = report.redraw_from_summaries(out, docs, meta=again)   # the runs are not read
+  again = 'python -m experiments.report --from_summaries'
+  summaries = report.redraw_from_summaries(out, docs, command=again)   # the runs are not read
   assert list(summaries) == ['rotten_tomatoes']
   md = open(docs).read()
   assert '(figures/rotten_tomatoes_paired.png)' in md
@@ -389,15 +389,21 @@ def test_redraw_from_summaries_keeps_the_tables_and_draws_the_paired_figure(grid
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   table = lambda text: [l for l in text.splitlines() if l.startswith('|')]
   assert table(md) == table(before) and table(md)
-  assert f"at `{META['commit']}`" in md and 'by `python -m experiments.report --from_summaries` at `def456`' in md
+  assert f"at `{META['commit']}`" in md and f'by `{again}`: the same summaries' in md
+  with open(tmp_path / 'docs' / 'figures' / 'rotten_tomatoes_paired.png', 'rb') as f:
+    figure = f.read()
+  report.redraw_from_summaries(out, docs, command=again)       # no date or commit of its own
+  assert open(docs).read() == md
+  with open(tmp_path / 'docs' / 'figures' / 'rotten_tomatoes_paired.png', 'rb') as f:
+    assert f.read() == figure
 
   other = json.load(open(os.path.join(out, 'rotten_tomatoes.json')))
   provenance.write_json_atomic(os.path.join(out, 'sst2.json'),
                                dict(other, dataset='sst2', commit='fff'))
   with pytest.raises(ValueError, match='come from 2 different report runs'):
-    report.redraw_from_summaries(out, docs, meta=again)
+    report.redraw_from_summaries(out, docs, command=again)
   with pytest.raises(ValueError, match='holds no summary'):
-    report.redraw_from_summaries(str(tmp_path / 'empty'), docs, meta=again)
+    report.redraw_from_summaries(str(tmp_path / 'empty'), docs, command=again)
 
 
 def test_keep_others_keeps_an_earlier_datasets_summary_and_figures(grid, tmp_path):
