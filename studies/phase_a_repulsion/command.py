@@ -29,6 +29,12 @@ files of other runs are kept. Where the run folders are gone, ``--runs_from_resu
 them from the rows of ``--out`` alone (nothing else is written; ``from`` says so, no digest):
 
   python -m studies.phase_a_repulsion --runs_from_results
+
+``--page_from_results`` rewrites only the page block of ``--docs`` from ``--out`` (its
+``settings`` and provenance; nothing is run, no run folder read, nothing else written), so
+the committed page regenerates from the committed file alone:
+
+  python -m studies.phase_a_repulsion --page_from_results --docs=docs/phase_a_learning.md
 """
 
 import os
@@ -58,6 +64,9 @@ RHO_KINDS = ('ball', 'ball_own_keys', 'learned')
 REPULSION_FIELDS = ('relative_lam', 'riesz_s')
 _SHARED_FIELDS = ('schedule', 'after_b_epochs', 'num_epochs', 'relative_step', 'gibbs_tilt',
                   'softening', 'radius', 'clip_norm', 'batch_size', 'target')
+# The flags that choose run folders to read or files besides the page to write: refused
+# with --page_from_results (the softmax part adds its own).
+RUN_FLAGS = ('runs', 'dataset', 'allow_fewer', 'runs_out', 'runs_from_results')
 
 
 def stage_row(stage: dict) -> dict:
@@ -263,6 +272,15 @@ def _keys(rows: List[dict]) -> set:
   return {(f'{r["setting"]}/{r["map"]}', int(r['seed'])) for r in rows}
 
 
+def page_meta(out: str, meta: dict) -> dict:
+  """What the page block says of its file: ``out`` as given, and the command, the short
+  commit and the machine of ``meta`` (``provenance.run_metadata``'s, or the results file's
+  own, which holds the same keys)."""
+  machine = meta['machine']
+  return {'out': out, 'command': meta['command'], 'commit': meta['commit'][:8],
+          'machine': f'{machine["cpu_count"]}-core {machine["platform"]}'}
+
+
 def run_keys(out: str) -> dict:
   """``{'runs': {(setting/map, seed)}}`` of the JSON ``out`` holds now (empty if none)."""
   return {'runs': _keys(loading.read_json(out).get('runs', []))} if os.path.exists(out) else {}
@@ -284,15 +302,50 @@ def write_study(module: str, rows: List[dict], summary: List[dict], markdown_fn,
   loading.check_folder('--out', os.path.dirname(FLAGS.out) or '.')
   os.makedirs(os.path.dirname(FLAGS.out) or '.', exist_ok=True)
   meta = provenance.run_metadata(module)
-  machine = meta['machine']
-  meta_page = {'out': FLAGS.out, 'command': meta['command'], 'commit': meta['commit'][:8],
-               'machine': f'{machine["cpu_count"]}-core {machine["platform"]}'}
+  meta_page = page_meta(FLAGS.out, meta)
   provenance.write_json_atomic(FLAGS.out, dict(meta, dataset=FLAGS.dataset,
                                                settings=summary, runs=rows), indent=1)
   if FLAGS.docs:
     page_block.write_block(FLAGS.docs, begin, end, markdown_fn(summary, meta_page))
   if runs_out:
     write_records(list(records), runs_out)
+
+
+def refuse_with_page_from_results(names) -> None:
+  """One ``cli.ConfigError`` naming the first flag of ``names`` given on the command line
+  (a bool given as false aside): ``--page_from_results`` reads no run folder and writes
+  nothing but the page. Shared with ``studies.phase_a_repulsion.softmax``."""
+  for name in names:
+    flag = FLAGS[name]
+    if flag.present and flag.value is not False:
+      value = ','.join(flag.value) if isinstance(flag.value, list) else flag.value
+      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
+                            f'--{name}={value}.')
+
+
+def page_from_results(markdown_fn, begin: str, end: str, run_flags) -> None:
+  """``--page_from_results``: reads ``--out`` alone and rewrites the ``begin``/``end``
+  block of ``--docs`` (``markdown_fn(settings, page_meta(--out, --out's metadata))``);
+  writes nothing else. Every refusal (``run_flags`` given, no ``--docs``, an ``--out``
+  that cannot give the block) comes before the write. Shared with the softmax part."""
+  refuse_with_page_from_results(run_flags)
+  if not FLAGS.docs:
+    raise cli.ConfigError('--page_from_results needs --docs (the page whose block it '
+                          'rewrites).')
+  outputs.check_file('--docs', FLAGS.docs)
+  if not os.path.isfile(FLAGS.out):
+    raise cli.ConfigError(f'--out: {FLAGS.out!r} is not a file (--page_from_results reads '
+                          'it).')
+  table = loading.read_json(FLAGS.out)
+  settings = table.get('settings') if isinstance(table, dict) else None
+  if not settings or not isinstance(settings, list):
+    raise cli.ConfigError(f'--out: {FLAGS.out} holds no settings to write the page from.')
+  try:
+    lines = markdown_fn(settings, page_meta(FLAGS.out, table))
+  except (KeyError, IndexError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'--out: {FLAGS.out}: its settings cannot give the page block '
+                          f'({e!r}).') from None
+  page_block.write_block(FLAGS.docs, begin, end, lines)
 
 
 def check_runs_folder(argv) -> None:
@@ -305,9 +358,12 @@ def check_runs_folder(argv) -> None:
 
 def main(argv):
   module = 'studies.phase_a_repulsion'
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  if FLAGS.page_from_results:
+    page_from_results(markdown, BEGIN, END, RUN_FLAGS)
+    return
   if FLAGS.runs_from_results:
-    if len(argv) > 1:
-      raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
     write_from_results(STUDY, module, FLAGS.out, runs_out_path(STUDY), 'docs')
     return
   check_runs_folder(argv)
@@ -335,9 +391,13 @@ def launch() -> None:
 
 
 def define_run_file_flags(study: str) -> None:
-  """``--runs_out`` and ``--runs_from_results`` (shared with the softmax part)."""
+  """``--runs_out``, ``--runs_from_results`` and ``--page_from_results`` (shared with the
+  softmax part)."""
   flags.DEFINE_string('runs_out', '', 'Folder of the per-run files <run>.json (empty: '
                       f'<folder of --out>/runs/{study}).')
   flags.DEFINE_bool('runs_from_results', False, 'Only write the per-run files, from the '
                     'rows of --out (for runs whose folders are gone); --out and the page are '
                     'not written.')
+  flags.DEFINE_bool('page_from_results', False, 'Only rewrite the block of --docs from '
+                    '--out (for runs whose folders are gone); nothing else is read, written '
+                    'or run.')

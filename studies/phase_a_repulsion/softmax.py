@@ -27,6 +27,12 @@ with the Ball-X, Vanilla-X and label-target controls): ``--runs_out`` defaults t
 rows of ``--out`` alone, where the run folders are gone:
 
   python -m studies.phase_a_repulsion.softmax --runs_from_results
+
+``--page_from_results`` rewrites only the ``phase-a-softmax`` block of ``--docs`` from
+``--out`` (nothing is run, no run folder read, nothing else written), so the committed page
+regenerates from the committed file alone:
+
+  python -m studies.phase_a_repulsion.softmax --page_from_results --docs=docs/softmax_mimicry.md
 """
 
 import os
@@ -47,6 +53,8 @@ BEGIN = '<!-- phase-a-softmax:begin (written by python -m studies.phase_a_repuls
 END = '<!-- phase-a-softmax:end -->'
 KL_KINDS = ('initial', 'ball', 'learned')
 CONTROLS = ('ball', 'vanilla', 'labels')
+# Refused with --page_from_results: the flags that choose run folders or other files.
+RUN_FLAGS = phase_a_repulsion.RUN_FLAGS + ('settings', 'labels_setting')
 
 
 def _by_key(runs: List[dict], dataset: str) -> Dict[tuple, dict]:
@@ -165,9 +173,12 @@ def markdown(summary: List[dict], meta: dict) -> List[str]:
 
 def main(argv):
   module = 'studies.phase_a_repulsion.softmax'
+  if len(argv) > 1:
+    raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+  if FLAGS.page_from_results:
+    phase_a_repulsion.page_from_results(markdown, BEGIN, END, RUN_FLAGS)
+    return
   if FLAGS.runs_from_results:
-    if len(argv) > 1:
-      raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
     phase_a_repulsion.write_from_results(STUDY, module, FLAGS.out,
                                          phase_a_repulsion.runs_out_path(STUDY), 'docs')
     return

@@ -22,6 +22,12 @@ is gone, ``--runs_from_results`` writes them from ``--out`` alone (what it keeps
 nothing else is written or run):
 
   python -m studies.softmax_mimicry --runs_from_results
+
+``--page_from_results`` redraws only the page's two figures in ``--figures`` and its block
+of ``--page`` from ``--out`` (nothing is run, no workdir or encoder read, nothing else
+written), so the committed page regenerates from the committed file alone:
+
+  python -m studies.softmax_mimicry --page_from_results --page=docs/softmax_mimicry.md
 """
 
 import os
@@ -42,6 +48,9 @@ FLAGS = flags.FLAGS
 MODULE = 'studies.softmax_mimicry'
 DATASETS = ('rotten_tomatoes', 'sst2')
 PARTS = ('fidelity', 'conversion')
+# Refused with --page_from_results: the flags that choose encoders, parts or per-run files.
+RUN_FLAGS = ('runs', 'datasets', 'seeds', 'parts', 'workdir', 'collect_only', 'runs_out',
+             'runs_from_results')
 
 
 def check_config(config) -> None:
@@ -99,11 +108,17 @@ def check_outputs() -> None:
   outputs.check_folder('--workdir', FLAGS.workdir)
   outputs.check_file('--out', FLAGS.out, folder_must_exist=False)
   if FLAGS.page:
-    outputs.check_file('--page', FLAGS.page)
-    outputs.check_folder('--figures', FLAGS.figures)
-    for name in (page_lib.FIDELITY_FIGURE, page_lib.CONVERSION_FIGURE):
-      outputs.check_file('--figures', os.path.join(FLAGS.figures, name),
-                         folder_must_exist=False)
+    check_page_outputs()
+
+
+def check_page_outputs() -> None:
+  """``--page`` and its two figures in ``--figures`` can be written: one ``cli.ConfigError``
+  naming the flag otherwise (also ``--page_from_results``' check)."""
+  outputs.check_file('--page', FLAGS.page)
+  outputs.check_folder('--figures', FLAGS.figures)
+  for name in (page_lib.FIDELITY_FIGURE, page_lib.CONVERSION_FIGURE):
+    outputs.check_file('--figures', os.path.join(FLAGS.figures, name),
+                       folder_must_exist=False)
 
 
 def _write_records(records: list, runs_out: str) -> None:
@@ -128,7 +143,57 @@ def runs_from_results(runs_out: str) -> None:
   _write_records(records, runs_out)
 
 
+def _refuse_run_flags() -> None:
+  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line (a
+  bool given as false aside): ``--page_from_results`` runs, collects and reads nothing
+  else."""
+  for name in RUN_FLAGS:
+    flag = FLAGS[name]
+    if flag.present and flag.value is not False:
+      value = ','.join(flag.value) if isinstance(flag.value, list) else flag.value
+      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
+                            f'--{name}={value}.')
+
+
+def _check_page_table(table) -> None:
+  """``--out``'s table can give every line of the page block (``page_lib``'s own
+  functions): one ``cli.ConfigError`` naming ``--out`` otherwise, before any write."""
+  if not isinstance(table, dict) or not table.get('fidelity'):
+    raise cli.ConfigError(f'--out: {FLAGS.out} holds no fidelity results to write the page '
+                          'from.')
+  try:
+    page_lib.fidelity_lines(table)
+    if table['conversion']:
+      page_lib.conversion_lines(table)
+    page_lib.provenance_lines(table)
+  except (KeyError, IndexError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'--out: {FLAGS.out}: its results cannot give the page block '
+                          f'({e!r}).') from None
+
+
+def page_from_results() -> None:
+  """``--page_from_results``: reads ``--out`` alone; redraws the two figures in
+  ``--figures`` and rewrites ``--page``'s block (``page_lib.write_page``), each file
+  replaced atomically; writes nothing else. Every refusal comes before the first write."""
+  _refuse_run_flags()
+  if not FLAGS.page:
+    raise cli.ConfigError('--page_from_results needs --page (the page whose block it '
+                          'rewrites).')
+  if not os.path.isfile(FLAGS.out):
+    raise cli.ConfigError(f'--out: {FLAGS.out!r} is not a file (--page_from_results reads '
+                          'it).')
+  check_page_outputs()
+  table = loading.read_json(FLAGS.out)
+  _check_page_table(table)
+  page_lib.write_page(table, FLAGS.page, FLAGS.figures)
+
+
 def main(argv):
+  if FLAGS.page_from_results:
+    if len(argv) > 1:
+      raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+    page_from_results()
+    return
   runs_out = FLAGS.runs_out or run_files.default_study_runs_out(collect.STUDY, FLAGS.out)
   run_files.check_runs_out(runs_out)
   if FLAGS.runs_from_results:
@@ -187,4 +252,7 @@ def launch() -> None:
                       f'(empty: <folder of --out>/runs/{collect.STUDY}).')
   flags.DEFINE_bool('runs_from_results', False, 'Only write the per-run files, from --out (for '
                     'a workdir that is gone); nothing else is written or run.')
+  flags.DEFINE_bool('page_from_results', False, 'Only redraw --page\'s block and its two '
+                    'figures in --figures from --out (for a workdir that is gone); nothing '
+                    'else is read, written or run.')
   cli.run(main)
