@@ -2,5 +2,6 @@
 ``results/phase_a_drift_<dataset>[_trained].{json,md}``).
 
 ``python -m studies.phase_a_drift --out=results --config.dataset=rotten_tomatoes``
-(``command``; settings in ``config``).
+(``command``; settings in ``config``); the page again from its JSON alone, nothing computed:
+``python -m studies.phase_a_drift --page_from_results --config.dataset=rotten_tomatoes``.
 """

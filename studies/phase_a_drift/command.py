@@ -31,6 +31,16 @@ saw *trained* representations? For each map it takes the finished Vanilla-X run
 best-validation parameters and its tokenizer), projects its random particles
 onto the ball and measures the same statistics on its encoder. Writes
 ``phase_a_drift_<dataset>_trained.{json,md}``.
+
+``--page_from_results`` rewrites only the page, ``<--out>/phase_a_drift_<dataset>[_trained].md``
+(``_trained`` with ``--trained_runs``, whose folder is then not read), from the JSON beside it
+(``markdown``: its numbers, command, commit, date and machine): nothing is computed, no data
+or run folder read, nothing else written, so the committed page regenerates from the
+committed file alone:
+
+  python -m studies.phase_a_drift --page_from_results --config.dataset=rotten_tomatoes
+  python -m studies.phase_a_drift --page_from_results --config.dataset=sst2 \
+      --trained_runs=workdir/grid
 """
 
 import json
@@ -47,6 +57,7 @@ from configs import text as text_config
 from coulomb_jax import langevin
 from coulomb_jax import training
 from coulomb_jax.tasks import data
+from experiments.analysis import loading
 from experiments.common import cli
 from experiments.common import outputs
 from experiments.common import provenance
@@ -54,6 +65,10 @@ from experiments.run import run_folder
 from experiments.run import setup as run_setup
 from experiments.run import stages
 from experiments.run import train_config
+from studies.phase_a_drift import config as drift_config
+
+# Refused with --page_from_results: the flags that say where the measurement reads data.
+RUN_FLAGS = ('data_dir', 'workdir')
 
 # The flags (``_define_flags``), set when the command is launched.
 _CONFIG = None
@@ -61,6 +76,7 @@ _DATA_DIR = None
 _WORKDIR = None
 _OUT = None
 _TRAINED_RUNS = None
+_PAGE_FROM_RESULTS = None
 
 
 def _config(dataset, feature_map):
@@ -149,10 +165,92 @@ def check_config(config) -> None:
                           f'{config.batches!r}.')
 
 
+def _stem(dataset: str, trained: bool) -> str:
+  """The name of the JSON and page, without ``.json`` / ``.md``."""
+  return f'phase_a_drift_{dataset}' + ('_trained' if trained else '')
+
+
+def _trained_from(record: dict):
+  """``(grid root, seed)`` of the Vanilla-X runs a trained record was measured on, from the
+  run folders it names (``train_config.run_dir``: ``<root>/<dataset>/vanilla-<map>/seed<k>``)."""
+  run_dir = next(iter(record['trained_runs'].values()))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(run_dir)))
+  return root, os.path.basename(run_dir)[len('seed'):]
+
+
+def markdown(record: dict) -> str:
+  """The page ``phase_a_drift_<dataset>[_trained].md`` from its JSON ``record`` alone: the
+  title and representations (``representations``, the run folders of ``trained_runs``), the
+  command, commit, date and machine it records, its settings, the batches (the rows'
+  ``batches``) and one table row per map."""
+  rows, dataset = record['maps'], record['dataset']
+  batches = next(iter(rows.values()))['batches']
+  trained = record['representations'] == 'trained'
+  if trained:
+    root, seed = _trained_from(record)
+    where = (f'the trained encoders of the finished Vanilla-X runs (best-validation '
+             f'parameters, seed {seed}: `{root}/{dataset}/vanilla-<map>/seed{seed}`), their '
+             'random particles projected onto the ball')
+  else:
+    where = "the initialised encoder (as train.py), particles projected onto the ball"
+  title = 'trained encoders' if trained else 'at initialisation'
+  lines = [f'# Phase A drift against noise: {dataset}, {title}', '',
+           f"Command: `{record['command']}`  ", f"Commit: {record['commit']}  ",
+           f"Date: {record['date']}  ", f"Machine: {json.dumps(record['machine'])}", '',
+           f"Settings (the config defaults): {json.dumps(record['settings'])}; "
+           f'representations: {where}; drift d = η·N·‖clip(∇H)_k‖ per particle over {batches} '
+           'Phase A batches; noise σ = √(2η/β)·√D_h per step.', '',
+           '| map | median d | mean d | 90% d | σ | median d / σ | T steps | '
+           'T·d / (σ·√T) | β* (d = σ) | mean alignment |',
+           '|---|---|---|---|---|---|---|---|---|---|']
+  for m, r in rows.items():
+    lines.append(f"| {m} | {r['drift_median']:.2e} | {r['drift_mean']:.2e} | "
+                 f"{r['drift_p90']:.2e} | {r['noise']:.3f} | {r['ratio_per_step']:.2e} | "
+                 f"{r['phase_a_steps']} | {r['ratio_over_phase_a']:.2e} | "
+                 f"{r['beta_star']:.2e} | {r['alignment_mean']:.4f} |")
+  return '\n'.join(lines) + '\n'
+
+
+def _refuse_run_flags(config) -> None:
+  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line, or
+  the first config field (``dataset`` aside) off its default: ``--page_from_results``
+  measures nothing and reads no data."""
+  for name in RUN_FLAGS:
+    if flags.FLAGS[name].present:
+      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
+                            f'--{name}={flags.FLAGS[name].value}.')
+  default = drift_config.get_config()
+  for field in config:
+    if field != 'dataset' and config[field] != default[field]:
+      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
+                            f'--config.{field}={config[field]}.')
+
+
+def page_from_results(config) -> None:
+  """``--page_from_results``: reads ``<--out>/phase_a_drift_<dataset>[_trained].json`` alone
+  and rewrites the ``.md`` beside it (``markdown``, replaced atomically); writes nothing
+  else. Every refusal comes before the write."""
+  _refuse_run_flags(config)
+  stem = _stem(config.dataset, bool(_TRAINED_RUNS.value))
+  outputs.check_folder('--out', _OUT.value, must_exist=True)
+  outputs.check_files_in('--out', _OUT.value, [stem + '.md'])
+  path = os.path.join(_OUT.value, stem + '.json')
+  if not os.path.isfile(path):
+    raise cli.ConfigError(f'--out: {path!r} is not a file (--page_from_results reads it).')
+  try:
+    text = markdown(loading.read_json(path))
+  except (KeyError, IndexError, TypeError, ValueError, StopIteration) as e:
+    raise cli.ConfigError(f'--out: {path}: it cannot give the page ({e!r}).') from None
+  provenance.write_atomic(os.path.join(_OUT.value, stem + '.md'), text)
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
   check_config(config)
+  if _PAGE_FROM_RESULTS.value:
+    page_from_results(config)
+    return
   dataset = config.dataset
   trained = bool(_TRAINED_RUNS.value)
   run_dirs = {m: train_config.run_dir(_TRAINED_RUNS.value, dataset, f'vanilla-{m}',
@@ -163,7 +261,7 @@ def main(argv):
   # Every output path before any compute (issue 39 item 1).
   outputs.check_folder('--workdir', os.path.join(_WORKDIR.value, dataset))
   outputs.check_folder('--out', _OUT.value)
-  stem = f'phase_a_drift_{dataset}' + ('_trained' if trained else '')
+  stem = _stem(dataset, trained)
   outputs.check_files_in('--out', _OUT.value, [stem + '.json', stem + '.md'])
   workdir = os.path.join(_WORKDIR.value, dataset)
   os.makedirs(workdir, exist_ok=True)
@@ -189,37 +287,19 @@ def main(argv):
   record = dict(meta, dataset=dataset, config=config.to_dict(), settings=settings, maps=rows,
                 representations='trained' if trained else 'initialisation',
                 trained_runs=run_dirs)
-  where = (f'the trained encoders of the finished Vanilla-X runs (best-validation '
-           f'parameters, seed {config.trained_seed}: `{_TRAINED_RUNS.value}/{dataset}/'
-           f'vanilla-<map>/seed{config.trained_seed}`), their random particles projected '
-           'onto the ball' if trained else
-           "the initialised encoder (as train.py), particles projected onto the ball")
-  title = 'trained encoders' if trained else 'at initialisation'
-  lines = [f'# Phase A drift against noise: {dataset}, {title}', '',
-           f"Command: `{meta['command']}`  ", f"Commit: {meta['commit']}  ",
-           f"Date: {meta['date']}  ", f"Machine: {json.dumps(meta['machine'])}", '',
-           f'Settings (the config defaults): {json.dumps(settings)}; representations: '
-           f'{where}; drift d = η·N·‖clip(∇H)_k‖ per particle over {config.batches} '
-           'Phase A batches; noise σ = √(2η/β)·√D_h per step.', '',
-           '| map | median d | mean d | 90% d | σ | median d / σ | T steps | '
-           'T·d / (σ·√T) | β* (d = σ) | mean alignment |',
-           '|---|---|---|---|---|---|---|---|---|---|']
-  for m, r in rows.items():
-    lines.append(f"| {m} | {r['drift_median']:.2e} | {r['drift_mean']:.2e} | "
-                 f"{r['drift_p90']:.2e} | {r['noise']:.3f} | {r['ratio_per_step']:.2e} | "
-                 f"{r['phase_a_steps']} | {r['ratio_over_phase_a']:.2e} | "
-                 f"{r['beta_star']:.2e} | {r['alignment_mean']:.4f} |")
+  text = markdown(record)
   os.makedirs(_OUT.value, exist_ok=True)
-  stem = os.path.join(_OUT.value, f'phase_a_drift_{dataset}' + ('_trained' if trained else ''))
+  stem = os.path.join(_OUT.value, stem)
   provenance.write_json_atomic(stem + '.json', record, indent=1)
-  provenance.write_atomic(stem + '.md', '\n'.join(lines) + '\n')
-  print('\n'.join(lines))
+  provenance.write_atomic(stem + '.md', text)
+  print(text, end='')
 
 
 
 def _define_flags() -> None:
   """The command-line flags (defined by ``launch``, not at import: studies import side by side)."""
-  global _CONFIG, _DATA_DIR, _WORKDIR, _OUT, _TRAINED_RUNS  # pylint: disable=global-statement
+  global _CONFIG, _DATA_DIR, _WORKDIR, _OUT  # pylint: disable=global-statement
+  global _TRAINED_RUNS, _PAGE_FROM_RESULTS  # pylint: disable=global-statement
   _CONFIG = config_flags.DEFINE_config_file('config', 'studies/phase_a_drift/config.py',
                                             'The measurement\'s settings.', lock_config=True)
   _DATA_DIR = flags.DEFINE_string('data_dir', '../shared/data', 'The data folder.')
@@ -228,6 +308,10 @@ def _define_flags() -> None:
   _OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
   _TRAINED_RUNS = flags.DEFINE_string('trained_runs', '', 'A grid root: measure on the trained '
                                       'encoders of its vanilla-<map> runs (see the docstring).')
+  _PAGE_FROM_RESULTS = flags.DEFINE_bool(
+      'page_from_results', False, 'Only rewrite the page <out>/phase_a_drift_<dataset>'
+      '[_trained].md from the JSON beside it (--trained_runs: the _trained one, its folder '
+      'not read); nothing else is read, written or computed.')
 
 
 def launch() -> None:

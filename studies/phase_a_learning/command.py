@@ -35,6 +35,19 @@ Also two figures per dataset in ``docs/figures/``: held-out ρ against Phase A s
 (learned, with the initial and ball levels of each stage; seed 0) and a forest
 plot of the paired differences. The markdown page keeps its hand-written
 analysis block (between the ``report`` markers) and regenerates the rest.
+
+``--page_from_results`` rewrites only the page (``page.page_markdown``; the analysis block
+kept) and redraws the paired figures from ``--out`` alone: nothing is computed, no run or
+pilot read, ``--out`` and the per-run files not written, so the committed page regenerates
+from the committed file alone:
+
+  python -m studies.phase_a_learning --page_from_results
+
+Its provenance is the file's (command, commit, date, machine; per dataset its
+``generated``: an entry made by another command than the file's is named as kept); the
+per-run files' folder, which the file does not hold, is the one its command wrote them to
+(``recorded_runs_out``). The alignment figures need the runs' ``history.jsonl``: they are
+not redrawn, and the page shows those there.
 """
 
 import json
@@ -46,22 +59,25 @@ import numpy as np
 
 from configs import text
 from experiments.common import cli
+from experiments.common import outputs
 from experiments.common import provenance
-from experiments.analysis import intervals
 from experiments.analysis import loading
 from experiments.analysis import pages
 from experiments.analysis import plots
 from experiments.analysis import run_files
 from experiments.analysis import tables
+from studies.phase_a_learning import page as page_lib
 
-METRICS = ('accuracy', 'mcc', 'log_loss', 'brier', 'ece')
-LABELS = {'accuracy': 'accuracy', 'mcc': 'MCC', 'log_loss': 'LogLoss', 'brier': 'Brier',
-          'ece': 'ECE'}
+METRICS = page_lib.METRICS      # the test metrics compared (the page's columns)
 _SETTING_FIELDS = ('schedule', 'after_b_epochs', 'num_epochs', 'relative_step', 'gibbs_tilt',
                    'relative_lam', 'riesz_s', 'softening', 'radius', 'clip_norm', 'step_size',
                    'beta', 'lam', 'batch_size', 'null_run', 'calibration_rows', 'heldout_rows')
 DIAGNOSTICS = ('drift_to_noise', 'repulsion_to_alignment', 'gibbs_tilt', 'displacement',
                'random_walk_displacement', 'inside_fraction')
+_PROVENANCE = ('command', 'commit', 'date', 'machine')
+# Refused with --page_from_results: the flags that choose the runs and pilots read and the
+# files besides the page and its paired figures written.
+RUN_FLAGS = ('runs', 'pilots', 'keep_others', 'train_subsets', 'runs_out', 'allow_fewer')
 
 
 def paired_diff(treated: Dict[int, dict], base: Dict[int, dict]) -> Dict[str, dict]:
@@ -112,29 +128,6 @@ def all_maps_diff(by: Dict[str, Dict[int, dict]], base_kind: str) -> dict:
   return out
 
 
-COMPARISONS = (('paired_kernel_minus_ball', 'Kernel − Ball (the same ball, no Langevin)'),
-               ('paired_kernel_minus_vanilla', 'Kernel − Vanilla'))
-
-
-def pooled(maps: Dict[str, dict], all_maps: Dict[str, dict]):
-  """``(maps, all_maps)`` of a dataset's entry with the intervals pooled within maps added
-  (copies; ``intervals.with_intervals`` per map, ``intervals.pooled_mean`` for all maps as
-  ``pooled``, its interval also as ``ci95_pooled``): recomputed from the means, stds and
-  counts alone, so an entry written before them gets them too."""
-  maps = {m: dict(r) for m, r in maps.items()}
-  all_maps = {key: dict(p) for key, p in all_maps.items()}
-  for key, _ in COMPARISONS:
-    rows = intervals.with_intervals({m: r[key] for m, r in maps.items()}, METRICS)
-    for m in maps:
-      maps[m][key] = rows[m]
-    if key in all_maps:
-      for k in METRICS:
-        pool = intervals.pooled_mean([rows[m][k] for m in rows])
-        all_maps[key][k] = {**all_maps[key][k], 'pooled': pool, 'ci95_pooled': pool['ci95'],
-                            'df_pooled': pool['df_pooled']}
-  return maps, all_maps
-
-
 def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
   by = {}
   for r in runs:
@@ -163,8 +156,8 @@ def dataset_summary(runs: List[dict], pilot: Optional[dict]) -> dict:
   maps = {m: map_summary(by.get(f'kernel-{m}', {}), by.get(f'ball-{m}', {}),
                          by.get(f'vanilla-{m}', {}))
           for m in text.MAPS if by.get(f'kernel-{m}')}
-  maps, all_maps = pooled(maps, {key: all_maps_diff(by, key.rsplit('_', 1)[-1])
-                                  for key, _ in COMPARISONS})
+  maps, all_maps = page_lib.pooled(maps, {key: all_maps_diff(by, key.rsplit('_', 1)[-1])
+                                           for key, _ in page_lib.COMPARISONS})
   return {'settings': settings, 'maps': maps, 'all_maps': all_maps,
           'commits': sorted({s['commit'] for r in runs for s in r.get('sessions', [])}),
           'prefix_commits': sorted({s['commit'] for r in runs
@@ -241,77 +234,6 @@ def curves_figure(path: str, title: str, curves: Dict[str, List[dict]]) -> str:
   return plots.save(fig, path)
 
 
-def _fmt(x, digits=3):
-  return '—' if x is None else f'{x:.{digits}g}'
-
-
-def _ci(p):
-  if p['mean'] is None:
-    return '—'
-  ci = p['ci95']
-  inner = f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else ''
-  return f"{p['mean']:+.4f}{inner}"
-
-
-def dataset_markdown(dataset: str, s: dict, figures: Dict[str, str]) -> str:
-  lines = [f'## {dataset}', '',
-           f"Settings: `{json.dumps({k: v for k, v in s['settings'].items() if k != 'chosen_by'})}`",
-           '']
-  if 'chosen_by' in s['settings']:
-    c = s['settings']['chosen_by']
-    lines += [f"Chosen on validation rows by `{c['pilot']}` (setting `{c['setting']}`; "
-              f"{c['rule']}).", '']
-  lines += [f"![{alt}]({figures[k]})\n" for k, alt in
-            (('curves', 'held-out alignment against Phase A step'),
-             ('paired', 'paired differences')) if figures.get(k)]
-  lines += ['**Phase A diagnostics** (Kernel-X; medians over seeds; ρ: held-out centered '
-            'alignment on validation rows, mean over layers, heads and seeds):', '',
-            '| map | drift/noise | repulsion/alignment | Gibbs tilt β·ΔU | moved | noise-only walk '
-            '| inside ball | ρ initial | ρ ball | ρ learned | ρ null |', '|' + '---|' * 11]
-  for m, r in s['maps'].items():
-    h = r['heldout_centered_alignment']
-    lines.append(f"| {m} | {_fmt(r['drift_to_noise'])} | {_fmt(r['repulsion_to_alignment'])} | "
-                 f"{_fmt(r['gibbs_tilt'])} | {_fmt(r['displacement'])} | "
-                 f"{_fmt(r['random_walk_displacement'])} | {_fmt(r['inside_fraction'], 2)} | "
-                 + ' | '.join(_fmt(h.get(k), 3) for k in ('initial', 'ball', 'learned', 'null'))
-                 + ' |')
-  maps, all_maps = pooled(s['maps'], s['all_maps'])
-  for key, title in COMPARISONS:
-    lines += ['', f'**{title}**, test split, paired by seed: mean [95% t-interval]:', '',
-              '| map | ' + ' | '.join(f'Δ {LABELS[k]}' for k in METRICS) + ' | n |',
-              '|' + '---|' * (len(METRICS) + 2)]
-    for m, r in s['maps'].items():
-      p = r[key]
-      lines.append(f'| {m} | ' + ' | '.join(_ci(p[k]) for k in METRICS)
-                   + f" | {p['accuracy']['n']} |")
-    p = s['all_maps'][key]
-    lines.append(f"| **all {len(p['maps'])} maps** (per seed, mean over maps) | "
-                 + ' | '.join(_ci(p[k]) for k in METRICS) + f" | {p['accuracy']['n']} |")
-    rows = {m: r[key] for m, r in maps.items()}
-    rows[f"**all {len(p['maps'])} maps**"] = all_maps[key]
-    lines += [''] + intervals.interval_table(
-        f'{title}: 95% t-intervals with the variance pooled within maps (for all maps '
-        'D̄ ± t_{0.975, ν} · s_p · √(Σ 1/n_m) / M), and the wider of the two for Δ accuracy:',
-        rows, [(k, LABELS[k]) for k in METRICS], seed_columns=False)[:-1]
-  lines += ['', '**Test metrics** (mean ± std over seeds):', '',
-            '| map | ' + ' | '.join(f'{v} {LABELS[k]}' for v in ('Kernel', 'Ball', 'Vanilla')
-                                     for k in ('accuracy', 'ece')) + ' |',
-            '|' + '---|' * 7]
-  for m, r in s['maps'].items():
-    cells = []
-    for kind in ('kernel', 'ball', 'vanilla'):
-      for k in ('accuracy', 'ece'):
-        t = r['test'][kind][k]
-        cells.append('—' if t['mean'] is None else
-                     f"{t['mean']:.4f}" + (f" ± {t['std']:.4f}" if t['std'] is not None else ''))
-    lines.append(f'| {m} | ' + ' | '.join(cells) + ' |')
-  prefix = (f"; their shared Phase B prefix (`run.prefix_from`) trained at "
-            f"{', '.join(c[:7] for c in s['prefix_commits'])}" if s['prefix_commits'] else '')
-  lines += ['', f"Runs: {s['runs']}, trained at {', '.join(c[:7] for c in s['commits'])}"
-            f"{prefix}.", '']
-  return '\n'.join(lines)
-
-
 def _kept(out: str, fresh: List[str]) -> Dict[str, dict]:
   """The datasets of an earlier ``out`` that have no runs now, each with the provenance
   (``generated``) of the command that summarised it."""
@@ -359,18 +281,15 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
   new.update({d: _entry_run_keys(s) for d, s in kept.items()})
   loading.check_not_fewer(_old_run_keys(out), new, f'{out} and {docs}', allow_fewer)
   records = run_files.run_records(runs_dir, finished) if runs_out else []
-  generated = {k: meta[k] for k in ('command', 'commit', 'date', 'machine')}
+  generated = {k: meta[k] for k in _PROVENANCE}
   docs_dir = os.path.dirname(docs) or '.'
   result = {'datasets': {}}
-  parts = []
+  figures = {}
   for dataset in (d for d in loading.SPLIT_NAMES if d in kept or d in fresh):
-    stem = os.path.join(figures_dir, f'phase_a_learning_{dataset}')
+    stem = page_lib.figure_stem(figures_dir, dataset)
     if dataset in kept:
-      result['datasets'][dataset] = s = kept[dataset]
-      figs = {k: os.path.relpath(stem + suffix, docs_dir)
-              for k, suffix in (('curves', '_alignment.png'), ('paired', '_paired.png'))
-              if os.path.exists(stem + suffix)}
-      parts.append(dataset_markdown(dataset, s, figs))
+      result['datasets'][dataset] = kept[dataset]
+      figures[dataset] = page_lib.existing_figures(figures_dir, dataset, docs_dir)
       continue
     runs = [r for r in finished if r['dataset'] == dataset]
     s = dataset_summary(runs, _pilot_for(pilots_dir, dataset, runs))
@@ -384,39 +303,94 @@ def write(runs_dir: str, pilots_dir: str, out: str, docs: str, figures_dir: str,
         curves[m] = alignment_curves(os.path.join(runs_dir, r['path']), r['phase_a'])
     figs = {'curves': curves_figure(stem + '_alignment.png', f'{dataset}: held-out centered '
                                     'alignment during Phase A (Kernel-X, lowest seed)', curves),
-            'paired': plots.paired_figure(
-                stem + '_paired.png', f'{dataset}: Kernel-X in the learning regime',
-                {name: {**{m: r[key] for m, r in s['maps'].items()},
-                        'all maps': s['all_maps'][key]}
-                 for name, key in (('Kernel − Ball', 'paired_kernel_minus_ball'),
-                                   ('Kernel − Vanilla', 'paired_kernel_minus_vanilla'))},
-                metrics=(('accuracy', 'Δ accuracy'), ('log_loss', 'Δ LogLoss'),
-                         ('ece', 'Δ ECE')))}
-    parts.append(dataset_markdown(dataset, s, {k: os.path.relpath(v, docs_dir)
-                                               for k, v in figs.items()}))
+            'paired': page_lib.paired_figure(stem + '_paired.png', dataset, s)}
+    figures[dataset] = {k: os.path.relpath(v, docs_dir) for k, v in figs.items()}
   result.update(generated)
   os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
   provenance.write_json_atomic(out, result, indent=1)
   if runs_out:
     run_files.write_records(records, runs_out)
-  page = ['# Does Phase A learn inside the Transformer, and does it help?', '', analysis, '',
-          *parts, '## Provenance', '',
-          f"Generated by `{meta['command']}` at `{meta['commit']}` ({meta['date']}); machine "
-          f"{json.dumps(meta['machine'])}. Everything outside the analysis block is rewritten on "
-          'every run of this command.', '']
-  if runs_out:
-    page += [run_files.describe(runs_out), '']
-  for d, s in kept.items():
-    g = s['generated']
-    page += [f"{d}: entry and figures kept (`--keep_others`) from `{g['command']}` at "
-             f"`{g['commit']}` ({g['date']}); its runs were not read this time.", '']
-  provenance.write_atomic(docs, '\n'.join(page))
+  provenance.write_atomic(docs, page_lib.page_markdown(result, analysis, figures, list(kept),
+                                                         runs_out))
   return result
+
+
+def recorded_runs_out(command: str) -> str:
+  """The folder the run of ``command`` (a written JSON's ``command``, paths from the
+  repository root) wrote its per-run files to, as ``main`` chooses it: its ``--runs_out``,
+  else ``<folder of --out>/runs/<basename of --runs>`` (each flag's default where it gave
+  none); an absolute path."""
+  args, given = command.split(), {}
+  for i, arg in enumerate(args):
+    name, sep, value = arg.partition('=')
+    if name in ('--runs', '--out', '--runs_out'):
+      given[name[2:]] = value if sep else (args[i + 1] if i + 1 < len(args) else '')
+  out = given.get('out', flags.FLAGS['out'].default)
+  runs_out = given.get('runs_out') or run_files.default_runs_out(
+      given.get('runs', flags.FLAGS['runs'].default),
+      root=os.path.join(os.path.dirname(out) or '.', 'runs'))
+  return os.path.join(provenance.REPO_ROOT, runs_out)
+
+
+def _refuse_run_flags() -> None:
+  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line (a
+  bool given as false aside): ``--page_from_results`` reads no run and writes nothing but
+  the page and its paired figures."""
+  for name in RUN_FLAGS:
+    flag = flags.FLAGS[name]
+    if flag.present and flag.value is not False:
+      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
+                            f'--{name}={flag.value}.')
+
+
+def _paired_path(figures_dir: str, dataset: str) -> str:
+  return page_lib.figure_stem(figures_dir, dataset) + '_paired.png'
+
+
+def _check_paired_figures(datasets, figures_dir: str) -> None:
+  """The paired figures of ``datasets`` in ``figures_dir`` can be written: one
+  ``cli.ConfigError`` naming ``--figures`` otherwise."""
+  outputs.check_folder('--figures', figures_dir)
+  for dataset in datasets:
+    outputs.check_file('--figures', _paired_path(figures_dir, dataset), folder_must_exist=False)
+
+
+def page_from_results(out: str, docs: str, figures_dir: str) -> None:
+  """``--page_from_results``: reads ``out`` (and ``docs``' analysis block) alone; redraws
+  each dataset's paired figure in ``figures_dir`` and rewrites ``docs``
+  (``page.page_markdown``: the datasets whose ``generated`` is not the file's own named as kept,
+  the per-run files' folder ``recorded_runs_out``), each file replaced atomically; writes
+  nothing else. Every refusal comes before the first write."""
+  _refuse_run_flags()
+  if not os.path.isfile(out):
+    raise cli.ConfigError(f'--out: {out!r} is not a file (--page_from_results reads it).')
+  outputs.check_file('--docs', docs)
+  result = loading.read_json(out)
+  analysis = pages.read_analysis(docs)
+  docs_dir = os.path.dirname(docs) or '.'
+  try:
+    own = {k: result[k] for k in _PROVENANCE}
+    datasets = dict(result['datasets'])
+    kept = [d for d, s in datasets.items() if s.get('generated', own) != own]
+    figures = {d: dict(page_lib.existing_figures(figures_dir, d, docs_dir),
+                       paired=os.path.relpath(_paired_path(figures_dir, d), docs_dir))
+               for d in datasets}
+    page = page_lib.page_markdown(result, analysis, figures, kept,
+                                  recorded_runs_out(own['command']))
+  except (AttributeError, KeyError, IndexError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'--out: {out}: it cannot give the page ({e!r}).') from None
+  _check_paired_figures(datasets, figures_dir)
+  for dataset, s in datasets.items():
+    page_lib.paired_figure(_paired_path(figures_dir, dataset), dataset, s)
+  provenance.write_atomic(docs, page)
 
 
 def main(argv):
   del argv
   fl = flags.FLAGS
+  if fl.page_from_results:
+    page_from_results(fl.out, fl.docs, fl.figures)
+    return
   write(fl.runs, fl.pilots, fl.out, fl.docs, fl.figures,
         provenance.run_metadata('studies.phase_a_learning'), keep_others=fl.keep_others,
         train_subsets=fl.train_subsets, allow_fewer=fl.allow_fewer,
@@ -442,4 +416,7 @@ def launch() -> None:
                       'results/runs/... for the default --out); files of runs not read are kept.')
   flags.DEFINE_bool('allow_fewer', False, 'Write even when the runs found hold fewer '
                     'datasets, variants or seeds than --out (or none): refused by default.')
+  flags.DEFINE_bool('page_from_results', False, 'Only rewrite --docs (its analysis block '
+                    'kept) and redraw the paired figures in --figures from --out; nothing '
+                    'else is read, written or computed.')
   cli.run(main, config_flags=())

@@ -23,6 +23,13 @@ usable force, is listed with its error and not chosen); it is printed and writte
 (``phase_a_pilot_<dataset>.{json,md}``). The shuffled-label null is off here
 (``phase_a.null_run=False``) to halve the cost; the training runs of the chosen
 setting record it.
+
+``--page_from_results`` rewrites only the page ``<--out>/phase_a_pilot_<dataset>.md`` from
+the JSON beside it (``markdown``: its rows, gains, choice, command, commit, date and
+machine): nothing is run, no run folder read, nothing else written, so the committed page
+regenerates from the committed file alone:
+
+  python -m studies.phase_a_pilot --page_from_results --config.dataset=rotten_tomatoes
 """
 
 import json
@@ -34,6 +41,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from configs import text as text_config
+from experiments.analysis import loading
 from experiments.common import cli
 from experiments.common import outputs
 from experiments.common import provenance
@@ -44,11 +52,16 @@ from experiments.run import setup as run_setup
 from experiments.run import train_config
 from studies.phase_a_pilot import config as pilot_settings
 
+# Refused with --page_from_results: the flags that say which runs the pilot reads and where it
+# runs them.
+RUN_FLAGS = ('runs', 'workdir')
+
 # The flags (``_define_flags``), set when the command is launched.
 _CONFIG = None
 _RUNS = None
 _WORKDIR = None
 _OUT = None
+_PAGE_FROM_RESULTS = None
 
 
 def pilot_config(vanilla_dir: str, feature_map: str, setting: dict,
@@ -116,10 +129,79 @@ def check_config(config) -> None:
                      f'own), got {config.phase_a_epochs!r}.')
 
 
+def markdown(record: dict) -> str:
+  """The page ``phase_a_pilot_<dataset>.md`` from its JSON ``record`` alone: the choice and its
+  setting (``chosen``, ``settings``), the command, commit, date and machine it records, one
+  row per setting and map (``rows``; a failed one with its error) and the mean gains
+  (``mean_gain``)."""
+  chosen = record['chosen']
+  lines = [f"# Phase A pilot: {record['dataset']} (validation rows only)", '',
+           f"Chosen: **{chosen}** ({json.dumps(record['settings'][chosen])}), the largest "
+           'mean over maps of the held-out centered-alignment gain ρ(learned) − ρ(ball).', '',
+           f"Command: `{record['command']}`  ", f"Commit: {record['commit']}  ",
+           f"Date: {record['date']}  ", f"Machine: {json.dumps(record['machine'])}", '',
+           'ρ: centered alignment of each head\'s features with the labels on validation '
+           'rows (mean over layers and heads); drift/noise and repulsion/alignment: medians '
+           'over particles and steps; tilt: β·ΔU; moved: median displacement, next to a '
+           'noise-only walk; inside: share of particles not on the sphere.', '',
+           '| setting | map | ρ initial | ρ ball | ρ learned | gain | drift/noise | '
+           'rep/align | tilt | moved | walk | inside |', '|' + '---|' * 12]
+  for name, maps in record['rows'].items():
+    for m, r in maps.items():
+      if 'failed' in r:
+        lines.append(f"| {name} | {m} | failed: {r['failed']} |" + ' |' * 10)
+        continue
+      lines.append(
+          f"| {name} | {m} | {r['rho_initial']:.4f} | {r['rho_ball']:.4f} | "
+          f"{r['rho_learned']:.4f} | {r['rho_gain']:+.4f} | {r['drift_to_noise']:.3g} | "
+          f"{r['repulsion_to_alignment']:.3g} | {r['gibbs_tilt']:.3g} | "
+          f"{r['displacement']:.3g} | {r['random_walk_displacement']:.3g} | "
+          f"{r['inside_fraction']:.2f} |")
+  lines += ['', '| setting | mean gain over maps |', '|---|---|']
+  lines += [f'| {n} | {g:+.4f} |' for n, g in record['mean_gain'].items()]
+  return '\n'.join(lines) + '\n'
+
+
+def _refuse_run_flags(config) -> None:
+  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line, or
+  the first config field (``dataset`` aside) off its default: ``--page_from_results`` runs
+  nothing and reads no run folder."""
+  for name in RUN_FLAGS:
+    if flags.FLAGS[name].present:
+      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
+                            f'--{name}={flags.FLAGS[name].value}.')
+  default = pilot_settings.get_config()
+  for field in config:
+    if field != 'dataset' and config[field] != default[field]:
+      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
+                            f'--config.{field}={config[field]}.')
+
+
+def page_from_results(config) -> None:
+  """``--page_from_results``: reads ``<--out>/phase_a_pilot_<dataset>.json`` alone and
+  rewrites the ``.md`` beside it (``markdown``, replaced atomically); writes nothing else.
+  Every refusal comes before the write."""
+  _refuse_run_flags(config)
+  stem = f'phase_a_pilot_{config.dataset}'
+  outputs.check_folder('--out', _OUT.value, must_exist=True)
+  outputs.check_files_in('--out', _OUT.value, [stem + '.md'])
+  path = os.path.join(_OUT.value, stem + '.json')
+  if not os.path.isfile(path):
+    raise cli.ConfigError(f'--out: {path!r} is not a file (--page_from_results reads it).')
+  try:
+    text = markdown(loading.read_json(path))
+  except (KeyError, IndexError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'--out: {path}: it cannot give the page ({e!r}).') from None
+  provenance.write_atomic(os.path.join(_OUT.value, stem + '.md'), text)
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
   check_config(config)
+  if _PAGE_FROM_RESULTS.value:
+    page_from_results(config)
+    return
   dataset = config.dataset
   # Every output path before any compute (issue 39 item 1).
   outputs.check_folder('--workdir', _WORKDIR.value)
@@ -153,46 +235,26 @@ def main(argv):
                 config=config.to_dict(),
                 settings={n: pilot_settings.SETTINGS[n] for n in rows}, mean_gain=gains,
                 chosen=chosen, rows=rows)
-  lines = [f'# Phase A pilot: {dataset} (validation rows only)', '',
-           f'Chosen: **{chosen}** ({json.dumps(pilot_settings.SETTINGS[chosen])}), the largest '
-           'mean over maps of the held-out centered-alignment gain ρ(learned) − ρ(ball).', '',
-           f"Command: `{meta['command']}`  ", f"Commit: {meta['commit']}  ",
-           f"Date: {meta['date']}  ", f"Machine: {json.dumps(meta['machine'])}", '',
-           'ρ: centered alignment of each head\'s features with the labels on validation '
-           'rows (mean over layers and heads); drift/noise and repulsion/alignment: medians '
-           'over particles and steps; tilt: β·ΔU; moved: median displacement, next to a '
-           'noise-only walk; inside: share of particles not on the sphere.', '',
-           '| setting | map | ρ initial | ρ ball | ρ learned | gain | drift/noise | '
-           'rep/align | tilt | moved | walk | inside |', '|' + '---|' * 12]
-  for name, maps in rows.items():
-    for m, r in maps.items():
-      if 'failed' in r:
-        lines.append(f"| {name} | {m} | failed: {r['failed']} |" + ' |' * 10)
-        continue
-      lines.append(
-          f"| {name} | {m} | {r['rho_initial']:.4f} | {r['rho_ball']:.4f} | "
-          f"{r['rho_learned']:.4f} | {r['rho_gain']:+.4f} | {r['drift_to_noise']:.3g} | "
-          f"{r['repulsion_to_alignment']:.3g} | {r['gibbs_tilt']:.3g} | "
-          f"{r['displacement']:.3g} | {r['random_walk_displacement']:.3g} | "
-          f"{r['inside_fraction']:.2f} |")
-  lines += ['', '| setting | mean gain over maps |', '|---|---|']
-  lines += [f'| {n} | {g:+.4f} |' for n, g in gains.items()]
+  text = markdown(record)
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, f'phase_a_pilot_{dataset}')
   provenance.write_json_atomic(stem + '.json', record, indent=1)
-  provenance.write_atomic(stem + '.md', '\n'.join(lines) + '\n')
-  print('\n'.join(lines))
+  provenance.write_atomic(stem + '.md', text)
+  print(text, end='')
 
 
 
 def _define_flags() -> None:
   """The command-line flags (defined by ``launch``, not at import: studies import side by side)."""
-  global _CONFIG, _RUNS, _WORKDIR, _OUT  # pylint: disable=global-statement
+  global _CONFIG, _RUNS, _WORKDIR, _OUT, _PAGE_FROM_RESULTS  # pylint: disable=global-statement
   _CONFIG = config_flags.DEFINE_config_file('config', 'studies/phase_a_pilot/config.py',
                                             'The pilot\'s settings.', lock_config=True)
   _RUNS = flags.DEFINE_string('runs', 'workdir/learn', 'Grid root of the after_b Vanilla-X runs.')
   _WORKDIR = flags.DEFINE_string('workdir', 'workdir/phase_a_pilot', 'Scratch folder.')
   _OUT = flags.DEFINE_string('out', 'results', 'Output folder.')
+  _PAGE_FROM_RESULTS = flags.DEFINE_bool(
+      'page_from_results', False, 'Only rewrite the page <out>/phase_a_pilot_<dataset>.md from '
+      'the JSON beside it; nothing else is read, written or run.')
 
 
 def launch() -> None:
