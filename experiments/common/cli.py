@@ -53,6 +53,24 @@ def check_names(field: str, value, allowed: Sequence[str]) -> None:
                       f'--config.{field}="({allowed[0]!r},)").')
 
 
+def refuse_beside_page_from_results(source: str, names: Sequence[str], config=None,
+                                    default=None, keep: Sequence[str] = ()) -> None:
+  """``--page_from_results`` reads ``source`` (a flag, e.g. ``'--out'``) alone and writes only
+  the page: one ``ConfigError`` naming the first flag of ``names`` given on the command line
+  (a bool given as false aside), or else the first field of ``config`` outside ``keep`` that
+  differs from ``default`` (a config that would change what is computed)."""
+  for name in names:
+    flag = flags.FLAGS[name]
+    if flag.present and flag.value is not False:
+      value = ','.join(map(str, flag.value)) if isinstance(flag.value, list) else flag.value
+      raise ConfigError(f'--page_from_results writes only the page from {source}; drop '
+                        f'--{name}={value}.')
+  for field in (config or ()):
+    if field not in keep and config[field] != default[field]:
+      raise ConfigError(f'--page_from_results writes only the page from {source}; drop '
+                        f'--config.{field}={config[field]}.')
+
+
 class StorageError(OSError):
   """A write the disk refused (full, read-only, ...), with what was kept: one line."""
 

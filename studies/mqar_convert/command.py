@@ -136,10 +136,8 @@ def runs_from_results(runs_out: str) -> None:
 
 def page_from_results() -> None:
   """``--page_from_results``: ``--page``'s block from the rows of ``--results``, nothing else."""
-  for name in ('runs_from_results', 'collect_only', 'workdir'):
-    if FLAGS[name].value:
-      raise cli.ConfigError(f'--page_from_results writes only the page from --results; drop '
-                            f'--{name}={FLAGS[name].value}.')
+  cli.refuse_beside_page_from_results('--results', ('runs_from_results', 'collect_only',
+                                                   'workdir', 'runs_out'))
   if not FLAGS.page:
     raise cli.ConfigError('--page_from_results needs --page (the page whose block it rewrites).')
   if not os.path.isfile(FLAGS.results):

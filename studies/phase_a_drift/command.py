@@ -211,26 +211,12 @@ def markdown(record: dict) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def _refuse_run_flags(config) -> None:
-  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line, or
-  the first config field (``dataset`` aside) off its default: ``--page_from_results``
-  measures nothing and reads no data."""
-  for name in RUN_FLAGS:
-    if flags.FLAGS[name].present:
-      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
-                            f'--{name}={flags.FLAGS[name].value}.')
-  default = drift_config.get_config()
-  for field in config:
-    if field != 'dataset' and config[field] != default[field]:
-      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
-                            f'--config.{field}={config[field]}.')
-
-
 def page_from_results(config) -> None:
   """``--page_from_results``: reads ``<--out>/phase_a_drift_<dataset>[_trained].json`` alone
   and rewrites the ``.md`` beside it (``markdown``, replaced atomically); writes nothing
   else. Every refusal comes before the write."""
-  _refuse_run_flags(config)
+  cli.refuse_beside_page_from_results('--out', RUN_FLAGS, config, drift_config.get_config(),
+                                      keep=('dataset',))
   stem = _stem(config.dataset, bool(_TRAINED_RUNS.value))
   outputs.check_folder('--out', _OUT.value, must_exist=True)
   outputs.check_files_in('--out', _OUT.value, [stem + '.md'])

@@ -332,17 +332,6 @@ def recorded_runs_out(command: str) -> str:
   return os.path.join(provenance.REPO_ROOT, runs_out)
 
 
-def _refuse_run_flags() -> None:
-  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line (a
-  bool given as false aside): ``--page_from_results`` reads no run and writes nothing but
-  the page and its paired figures."""
-  for name in RUN_FLAGS:
-    flag = flags.FLAGS[name]
-    if flag.present and flag.value is not False:
-      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
-                            f'--{name}={flag.value}.')
-
-
 def _paired_path(figures_dir: str, dataset: str) -> str:
   return page_lib.figure_stem(figures_dir, dataset) + '_paired.png'
 
@@ -361,7 +350,7 @@ def page_from_results(out: str, docs: str, figures_dir: str) -> None:
   (``page.page_markdown``: the datasets whose ``generated`` is not the file's own named as kept,
   the per-run files' folder ``recorded_runs_out``), each file replaced atomically; writes
   nothing else. Every refusal comes before the first write."""
-  _refuse_run_flags()
+  cli.refuse_beside_page_from_results('--out', RUN_FLAGS)
   if not os.path.isfile(out):
     raise cli.ConfigError(f'--out: {out!r} is not a file (--page_from_results reads it).')
   outputs.check_file('--docs', docs)

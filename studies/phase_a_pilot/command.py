@@ -162,26 +162,12 @@ def markdown(record: dict) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def _refuse_run_flags(config) -> None:
-  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line, or
-  the first config field (``dataset`` aside) off its default: ``--page_from_results`` runs
-  nothing and reads no run folder."""
-  for name in RUN_FLAGS:
-    if flags.FLAGS[name].present:
-      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
-                            f'--{name}={flags.FLAGS[name].value}.')
-  default = pilot_settings.get_config()
-  for field in config:
-    if field != 'dataset' and config[field] != default[field]:
-      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
-                            f'--config.{field}={config[field]}.')
-
-
 def page_from_results(config) -> None:
   """``--page_from_results``: reads ``<--out>/phase_a_pilot_<dataset>.json`` alone and
   rewrites the ``.md`` beside it (``markdown``, replaced atomically); writes nothing else.
   Every refusal comes before the write."""
-  _refuse_run_flags(config)
+  cli.refuse_beside_page_from_results('--out', RUN_FLAGS, config, pilot_settings.get_config(),
+                                      keep=('dataset',))
   stem = f'phase_a_pilot_{config.dataset}'
   outputs.check_folder('--out', _OUT.value, must_exist=True)
   outputs.check_files_in('--out', _OUT.value, [stem + '.md'])

@@ -311,24 +311,12 @@ def write_study(module: str, rows: List[dict], summary: List[dict], markdown_fn,
     write_records(list(records), runs_out)
 
 
-def refuse_with_page_from_results(names) -> None:
-  """One ``cli.ConfigError`` naming the first flag of ``names`` given on the command line
-  (a bool given as false aside): ``--page_from_results`` reads no run folder and writes
-  nothing but the page. Shared with ``studies.phase_a_repulsion.softmax``."""
-  for name in names:
-    flag = FLAGS[name]
-    if flag.present and flag.value is not False:
-      value = ','.join(flag.value) if isinstance(flag.value, list) else flag.value
-      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
-                            f'--{name}={value}.')
-
-
 def page_from_results(markdown_fn, begin: str, end: str, run_flags) -> None:
   """``--page_from_results``: reads ``--out`` alone and rewrites the ``begin``/``end``
   block of ``--docs`` (``markdown_fn(settings, page_meta(--out, --out's metadata))``);
   writes nothing else. Every refusal (``run_flags`` given, no ``--docs``, an ``--out``
   that cannot give the block) comes before the write. Shared with the softmax part."""
-  refuse_with_page_from_results(run_flags)
+  cli.refuse_beside_page_from_results('--out', run_flags)
   if not FLAGS.docs:
     raise cli.ConfigError('--page_from_results needs --docs (the page whose block it '
                           'rewrites).')

@@ -143,18 +143,6 @@ def runs_from_results(runs_out: str) -> None:
   _write_records(records, runs_out)
 
 
-def _refuse_run_flags() -> None:
-  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line (a
-  bool given as false aside): ``--page_from_results`` runs, collects and reads nothing
-  else."""
-  for name in RUN_FLAGS:
-    flag = FLAGS[name]
-    if flag.present and flag.value is not False:
-      value = ','.join(flag.value) if isinstance(flag.value, list) else flag.value
-      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
-                            f'--{name}={value}.')
-
-
 def _check_page_table(table) -> None:
   """``--out``'s table can give every line of the page block (``page_lib``'s own
   functions): one ``cli.ConfigError`` naming ``--out`` otherwise, before any write."""
@@ -175,7 +163,7 @@ def page_from_results() -> None:
   """``--page_from_results``: reads ``--out`` alone; redraws the two figures in
   ``--figures`` and rewrites ``--page``'s block (``page_lib.write_page``), each file
   replaced atomically; writes nothing else. Every refusal comes before the first write."""
-  _refuse_run_flags()
+  cli.refuse_beside_page_from_results('--out', RUN_FLAGS)
   if not FLAGS.page:
     raise cli.ConfigError('--page_from_results needs --page (the page whose block it '
                           'rewrites).')
