@@ -36,6 +36,25 @@ function. The first line names the variant that ran (``describe_variant``): the
 ``quick`` variant (``make run``) is a smoke run whose numbers are not results, said
 again when it ends. Every ± the tables print is defined under its table (a 95%
 Student-t interval over the n seeds, ``experiments.study.tables.interval_note``).
+
+Given ``--results``, the study also writes there the part of ``results.json`` that
+docs/synthetic.md is rendered from (``page_results``: provenance, config, each record's
+``PAGE_FIELDS`` and the Langevin history of the energy figure; the committed
+``results/synthetic.json``):
+
+  python -m experiments.synthetic --config=configs/synthetic.py --workdir=workdir/synthetic \
+      --results=results/synthetic.json
+
+``--page_from_results`` reads ``--results`` alone (default ``results/synthetic.json``) and
+rewrites only the ``synthetic`` block of ``--page`` (the run's command, commit, date and
+machine, then the tables of its ``results.md``) and the four figures in ``--figures``;
+nothing is run and nothing else is written, so the committed page regenerates from the
+committed file byte for byte:
+
+  python -m experiments.synthetic --page_from_results
+
+With ``--config``, ``--workdir`` or ``--list_fields`` it is one line (``cli.ConfigError``)
+before any write.
 """
 
 import json
@@ -43,6 +62,7 @@ import os
 
 from absl import app
 from absl import flags
+import ml_collections
 from ml_collections import config_flags
 
 from coulomb_jax import checks
@@ -51,11 +71,24 @@ from coulomb_jax.tasks import synthetic
 from experiments.analysis import loading
 from experiments.common import cli
 from experiments.common import outputs
+from experiments.common import page_block
 from experiments.common import progress as progress_lib
 from experiments.common import provenance
 from experiments.study import methods
 from experiments.study import record_file
 from experiments.study import tables
+
+
+FLAGS = flags.FLAGS
+RESULTS = 'results/synthetic.json'
+BEGIN = '<!-- synthetic:begin (written by python -m experiments.synthetic --page_from_results) -->'
+END = '<!-- synthetic:end -->'
+# The fields of a record that the page's tables and figures read (``experiments.study.tables``).
+PAGE_FIELDS = ('method', 'noise_index', 'seed', 'budget', 'lam', 'val_accuracy',
+               'test_accuracy', 'test_f1', 'seconds')
+META = ('command', 'commit', 'date', 'machine', 'record_commits')
+# Refused with --page_from_results: the flags of a run.
+RUN_FLAGS = ('config', 'workdir', 'list_fields')
 
 
 def check_config(config):
@@ -133,14 +166,81 @@ def _fingerprint(config):
   return fields
 
 
-def run_study(config, workdir, variant=None):
+def page_results(results, histories):
+  """The part of ``results`` (``tables.write_report``'s dict) that the page is rendered
+  from, for ``--results``: its ``META`` and config, each record's ``PAGE_FIELDS`` (the rest
+  of a record, the chosen C and bandwidth, steps, final energies, commit, stays in the
+  workdir's ``results.json``) and, of ``histories``, the run the energy figure draws with
+  its λ = 0 twin."""
+  config = ml_collections.ConfigDict(results['config'])
+  kept = {}
+  if histories:
+    key = tables.energy_key(config, histories)
+    twin = f"{key.split(',')[0]},lam=0.0"
+    kept = {k: histories[k] for k in (key, twin) if k in histories}
+  return {**{k: results[k] for k in META}, 'config': results['config'],
+          'contents': 'the part of the results.json of experiments.synthetic that '
+                      'docs/synthetic.md is rendered from (python -m experiments.synthetic '
+                      '--page_from_results): records keep only the fields the tables and '
+                      f'figures read {list(PAGE_FIELDS)}; histories only the run the energy '
+                      'figure draws and its λ = 0 twin.',
+          'records': [{k: r[k] for k in PAGE_FIELDS if k in r} for r in results['records']],
+          'histories': kept}
+
+
+def results_text(committed) -> str:
+  """``committed`` as JSON text: a top-level field per line, a record per line."""
+  parts = []
+  for k, v in committed.items():
+    if k == 'records':
+      rows = ',\n'.join('  ' + json.dumps(r) for r in v)
+      parts.append(f' {json.dumps(k)}: [\n{rows}\n ]')
+    else:
+      parts.append(f' {json.dumps(k)}: {json.dumps(v)}')
+  return '{\n' + ',\n'.join(parts) + '\n}\n'
+
+
+def page_config(committed):
+  """The study's config from ``committed['config']`` (fields added to configs/synthetic.py
+  after the run take their defaults, as ``experiments.synthetic_report`` does)."""
+  from configs import synthetic as synthetic_config  # pylint: disable=g-import-not-at-top
+  config = synthetic_config.get_config()
+  config.update(committed['config'])
+  return config
+
+
+def page_lines(committed, config) -> list:
+  """The lines of the page's ``synthetic`` block: the header of the run's ``results.md``
+  (its command, commit, date and machine) and its tables (``tables.tables``)."""
+  banner = tables.smoke_label(config)
+  md = tables.tables(config, tables.with_selected_lambda(committed['records']))
+  return (([f'**{banner}**', ''] if banner else [])
+          + [f"Command: `{committed['command']}`  ",
+             f"Commit: {committed['commit']} (records from: "
+             f"{', '.join(committed['record_commits'])})  ",
+             f"Date: {committed['date']}  ",
+             f"Machine: {json.dumps(committed['machine'])}"] + md.split('\n'))
+
+
+def write_page(committed, config, page: str, figures_dir: str) -> None:
+  """The four figures of ``committed`` in ``figures_dir`` (``tables.figures``, its energy
+  figure from ``committed['histories']``) and the ``synthetic`` block of ``page``
+  (``page_lines``), each replaced atomically."""
+  lines = page_lines(committed, config)
+  tables.figures(config, tables.with_selected_lambda(committed['records']), figures_dir,
+                 hist=committed['histories'])
+  page_block.write_block(page, BEGIN, END, lines)
+
+
+def run_study(config, workdir, variant=None, results_path=None):
   """Runs (or resumes) the study; returns the results dict written to results.json.
 
   A bad config value, a workdir that is a file (or under one), a file the study writes
   there (``tables.OUTPUTS``, records, config, histories) that is a folder, or a workdir
   holding records of another config, raises ``cli.ConfigError`` before anything is
   computed or written. ``variant``: the name of the config's variant, for the first line
-  (``describe_variant``).
+  (``describe_variant``). ``results_path``: also write ``page_results`` there (JSON,
+  ``results_text``).
   """
   try:
     check_config(config)
@@ -198,6 +298,11 @@ def run_study(config, workdir, variant=None):
     progress.say(f'{where} done: {tables.cell_summary(cell_records)}')
   progress.say('writing results.json, the figures and results.md …')
   results = tables.write_report(config, records, workdir, meta)
+  if results_path:
+    hist_path = os.path.join(workdir, 'histories.json')
+    histories = loading.read_json(hist_path) if os.path.exists(hist_path) else {}
+    provenance.write_atomic(results_path, results_text(page_results(results, histories)))
+    progress.say(f'the part of results.json the page is rendered from: {results_path}')
   banner = tables.smoke_label(config)
   progress.say(f"the tables of {os.path.join(workdir, 'results.md')}"
                + (f' ({banner})' if banner else '') + ':')
@@ -207,23 +312,71 @@ def run_study(config, workdir, variant=None):
   return results
 
 
+def _refuse_run_flags() -> None:
+  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line
+  (``--config`` by its file; a bool given as false aside): ``--page_from_results`` runs
+  nothing."""
+  if FLAGS['config'].present:
+    raise cli.ConfigError(f'--page_from_results writes only the page from --results; drop '
+                          f"--config={config_flags.get_config_filename(FLAGS['config'])}.")
+  cli.refuse_beside_page_from_results('--results', RUN_FLAGS[1:])
+
+
+def page_from_results() -> None:
+  """``--page_from_results``: reads ``--results`` alone; redraws the four figures in
+  ``--figures`` and rewrites ``--page``'s ``synthetic`` block. Every refusal comes before
+  the first write."""
+  _refuse_run_flags()
+  if not os.path.isfile(FLAGS.results):
+    raise cli.ConfigError(f'--results: {FLAGS.results!r} is not a file (--page_from_results '
+                          'reads it).')
+  outputs.check_file('--page', FLAGS.page)
+  outputs.check_folder('--figures', FLAGS.figures)
+  for name in tables.FIGURES:
+    outputs.check_file('--figures', os.path.join(FLAGS.figures, name), folder_must_exist=False)
+  committed = loading.read_json(FLAGS.results)
+  try:
+    config = page_config(committed)
+    page_lines(committed, config)
+    if committed['histories']:
+      tables.energy_key(config, committed['histories'])
+  except (AttributeError, KeyError, IndexError, TypeError, ValueError) as e:
+    raise cli.ConfigError(f'--results: {FLAGS.results}: not the results file of '
+                          f'experiments.synthetic --results ({e!r}); nothing was '
+                          'written.') from None
+  write_page(committed, config, FLAGS.page, FLAGS.figures)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if FLAGS.page_from_results:
+    page_from_results()
+    return
+  if FLAGS.config is None:
+    raise cli.ConfigError('--config: required for a run (configs/synthetic.py; or '
+                          '--page_from_results, which reads --results alone).')
   from experiments.run import train_config  # pylint: disable=g-import-not-at-top
   from experiments.run import train_flags  # pylint: disable=g-import-not-at-top
-  path = train_flags.config_file(flags.FLAGS['config'])
+  path = train_flags.config_file(FLAGS['config'])
   comments = train_flags.field_comments(path) if os.path.isfile(path) else {}
-  if flags.FLAGS.list_fields:
-    print(train_flags.describe_fields(flags.FLAGS.config, comments))
+  if FLAGS.list_fields:
+    print(train_flags.describe_fields(FLAGS.config, comments))
     return
-  if not flags.FLAGS.workdir:
+  if not FLAGS.workdir:
     raise cli.ConfigError('--workdir: required (the folder for records, results and '
                           'figures).')
+  for name in ('page', 'figures'):
+    if FLAGS[name].present:
+      raise cli.ConfigError(f'--{name}={FLAGS[name].value}: only with --page_from_results; a '
+                            'run would ignore it. Nothing was run or written.')
+  results_path = FLAGS.results if FLAGS['results'].present else None
+  if results_path:
+    outputs.check_file('--results', results_path)
   # The resolved config (defaults, the variant and every override), as a run sees it.
   print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in
-                                 train_config.flat(flags.FLAGS.config).items()), flush=True)
-  run_study(flags.FLAGS.config, flags.FLAGS.workdir, config_variant(flags.FLAGS['config']))
+                                 train_config.flat(FLAGS.config).items()), flush=True)
+  run_study(FLAGS.config, FLAGS.workdir, config_variant(FLAGS['config']), results_path)
 
 
 if __name__ == '__main__':
@@ -234,5 +387,14 @@ if __name__ == '__main__':
   flags.DEFINE_string('workdir', None, 'Directory for records, results and figures.')
   flags.DEFINE_bool('list_fields', False, 'Print every field of --config with its value and '
                     'comment, and exit.')
-  flags.mark_flags_as_required(['config'])
+  flags.DEFINE_string('results', RESULTS, 'The committed results file: a run given it also '
+                      'writes there the part of results.json the page is rendered from; '
+                      '--page_from_results reads it.')
+  flags.DEFINE_bool('page_from_results', False, 'Only rewrite --page\'s synthetic block and its '
+                    'four figures in --figures from --results; nothing is run, nothing else '
+                    'written.')
+  flags.DEFINE_string('page', 'docs/synthetic.md', 'With --page_from_results: the page whose '
+                      'synthetic block is rewritten.')
+  flags.DEFINE_string('figures', 'docs/figures', 'With --page_from_results: the folder of the '
+                      'page\'s figures.')
   cli.run(main)

@@ -250,8 +250,17 @@ def energy_caption(config, hist, key):
   return title, caption
 
 
-def figures(config, records, workdir):
-  """Draws the ``fig_*.png`` of the study; returns ``(paths, energy caption or None)``."""
+def energy_key(config, hist):
+  """The run of ``hist`` (``'N=<N>,lam=<λ>'`` → its history) that ``fig_energy_vs_step``
+  draws: N = the largest budget, λ = 0.5 if recorded, else the last key."""
+  top = list(config.features.budgets)[-1]
+  return f'N={top},lam=0.5' if f'N={top},lam=0.5' in hist else sorted(hist)[-1]
+
+
+def figures(config, records, workdir, hist=None):
+  """Draws the ``fig_*.png`` of the study in ``workdir``; returns ``(paths, energy caption
+  or None)``. The energy figure draws ``hist`` (the Langevin histories, ``energy_key``),
+  by default ``<workdir>/histories.json`` when it exists."""
   import matplotlib                                  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt                    # pylint: disable=g-import-not-at-top
@@ -317,10 +326,11 @@ def figures(config, records, workdir):
 
   hist_path = os.path.join(workdir, 'histories.json')
   caption = None
-  if os.path.exists(hist_path):
+  if hist is None and os.path.exists(hist_path):
     with open(hist_path) as f:
       hist = json.load(f)
-    key = f'N={top},lam=0.5' if f'N={top},lam=0.5' in hist else sorted(hist)[-1]
+  if hist:
+    key = energy_key(config, hist)
     reason, caption = energy_caption(config, hist, key)
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
     for ax, name in zip(axes, ('hamiltonian', 'alignment', 'repulsion')):

@@ -11,7 +11,22 @@ r"""The paper's theory, measured: three figures for docs/theory.md.
    against N for several β: concentration around a deterministic kernel.
 
 All runs are full batch. Writes ``theory.json``, ``theory.md`` (the numbers
-behind the figures, with log-log slopes against N) and ``fig_theory_*.png``.
+behind the figures, with log-log slopes against N) and ``fig_theory_*.png`` in
+``--workdir``; given ``--results``, also a copy of ``theory.json`` there (the committed
+``results/theory.json``):
+
+  python -m studies.theory --config=studies/theory/config.py --workdir=workdir/theory \
+      --results=results/theory.json
+
+``--page_from_results`` reads ``--results`` alone (default ``results/theory.json``) and
+rewrites only the ``theory`` block of ``--page`` (``theory.md`` of the run: its command,
+commit, date and machine, then the tables) and the three figures in ``--figures``; nothing
+is run and nothing else is written, so the committed page regenerates from the committed
+file byte for byte:
+
+  python -m studies.theory --page_from_results
+
+With ``--config`` or ``--workdir`` it is one line (``cli.ConfigError``) before any write.
 """
 
 import json
@@ -28,12 +43,25 @@ import coulomb_jax as cj
 from coulomb_jax import diagnostics
 from coulomb_jax import hamiltonian as hl
 from coulomb_jax.tasks import synthetic
+from experiments.analysis import loading
 from experiments.analysis import plots
 from experiments.common import cli
 from experiments.common import outputs
+from experiments.common import page_block
 from experiments.common import progress as progress_lib
 from experiments.common import provenance
 from experiments.study import tables
+
+
+FLAGS = flags.FLAGS
+RESULTS = 'results/theory.json'
+FIGURES = ('fig_theory_free_energy.png', 'fig_theory_sw_vs_n.png',
+           'fig_theory_kernel_spread.png')
+WORKDIR_FILES = ('theory.json', 'theory.md') + FIGURES
+BEGIN = '<!-- theory:begin (written by python -m studies.theory --page_from_results) -->'
+END = '<!-- theory:end -->'
+# Refused with --page_from_results: the flags of a run.
+RUN_FLAGS = ('config', 'workdir')
 
 
 def _energy_kwargs(config):
@@ -149,10 +177,22 @@ def spread_vs_n_beta(config, key, x, y, x_eval, runs=None):
   return out
 
 
+def from_json(results):
+  """``results`` as read back from ``theory.json``: its keys, strings in JSON, made the
+  numbers ``run_theory`` keyed them by again (β floats, N ints); order kept."""
+  return {**results,
+          'free_energy': {float(b): rows for b, rows in results['free_energy'].items()},
+          'sliced_wasserstein': {int(n): v for n, v in results['sliced_wasserstein'].items()},
+          'sliced_wasserstein_initial': {
+              int(n): v for n, v in results['sliced_wasserstein_initial'].items()},
+          'kernel_spread': {float(b): {int(n): v for n, v in by_n.items()}
+                            for b, by_n in results['kernel_spread'].items()}}
+
+
 def figures(results, workdir):
-  import matplotlib                                  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt                    # pylint: disable=g-import-not-at-top
+  """The three ``FIGURES`` of ``results`` in the folder ``workdir``, each written
+  atomically (``plots.save``: the same numbers give the same bytes)."""
+  plt = plots.pyplot()
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
   for beta, rows in results['free_energy'].items():
     steps, h, ent, f = map(np.asarray, zip(*rows))
@@ -227,7 +267,23 @@ def summary_markdown(results):
   return '\n'.join(lines) + '\n'
 
 
-def run_theory(config, workdir):
+def page_lines(results) -> list:
+  """The lines of the page's ``theory`` block: ``summary_markdown`` (``theory.md``)."""
+  return summary_markdown(results).rstrip('\n').split('\n')
+
+
+def write_page(results, page: str, figures_dir: str) -> None:
+  """The three figures of ``results`` in ``figures_dir`` and the ``theory`` block of
+  ``page`` (``page_lines``), each replaced atomically."""
+  lines = page_lines(results)
+  figures(results, figures_dir)
+  page_block.write_block(page, BEGIN, END, lines)
+
+
+def run_theory(config, workdir, results_path=None):
+  """The study: ``theory.json``, ``theory.md`` and the figures in ``workdir``; with
+  ``results_path``, ``theory.json`` (the same bytes) there too. Returns the results as
+  read back from ``theory.json`` (``from_json``), from which the rest is written."""
   meta = tables.run_metadata('studies.theory')
   key = jax.random.key(config.seed)
   data_key, eval_key, fe_key, sw_key, spread_key = jax.random.split(key, 5)
@@ -244,28 +300,85 @@ def run_theory(config, workdir):
              'sliced_wasserstein': sw_learned, 'sliced_wasserstein_initial': sw_initial,
              'kernel_spread': spread_vs_n_beta(config, spread_key, x, y, x_eval, runs)}
   os.makedirs(workdir, exist_ok=True)
-  provenance.write_json_atomic(os.path.join(workdir, 'theory.json'), results, indent=1)
+  text = json.dumps(results, indent=1)
+  provenance.write_atomic(os.path.join(workdir, 'theory.json'), text)
+  if results_path:
+    provenance.write_atomic(results_path, text)
+  # The markdown and figures come from the file, as --page_from_results reads it.
+  results = from_json(json.loads(text))
   provenance.write_atomic(os.path.join(workdir, 'theory.md'), summary_markdown(results))
   print(summary_markdown(results))
   figures(results, workdir)
   return results
 
 
+def _refuse_run_flags() -> None:
+  """One ``cli.ConfigError`` naming the first of ``RUN_FLAGS`` given on the command line
+  (``--config`` by its file): ``--page_from_results`` runs nothing."""
+  if FLAGS['config'].present:
+    raise cli.ConfigError(f'--page_from_results writes only the page from --results; drop '
+                          f"--config={config_flags.get_config_filename(FLAGS['config'])}.")
+  cli.refuse_beside_page_from_results('--results', RUN_FLAGS[1:])
+
+
+def page_from_results() -> None:
+  """``--page_from_results``: reads ``--results`` alone; redraws the three figures in
+  ``--figures`` and rewrites ``--page``'s ``theory`` block. Every refusal comes before the
+  first write."""
+  _refuse_run_flags()
+  if not os.path.isfile(FLAGS.results):
+    raise cli.ConfigError(f'--results: {FLAGS.results!r} is not a file (--page_from_results '
+                          'reads it).')
+  outputs.check_file('--page', FLAGS.page)
+  outputs.check_folder('--figures', FLAGS.figures)
+  for name in FIGURES:
+    outputs.check_file('--figures', os.path.join(FLAGS.figures, name), folder_must_exist=False)
+  try:
+    results = from_json(loading.read_json(FLAGS.results))
+    page_lines(results)
+  except (AttributeError, KeyError, IndexError, TypeError, ValueError) as e:
+    if isinstance(e, cli.ConfigError):
+      raise
+    raise cli.ConfigError(f'--results: {FLAGS.results}: not the theory.json of studies.theory '
+                          f'({e!r}); nothing was written.') from None
+  write_page(results, FLAGS.page, FLAGS.figures)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  if flags.FLAGS.workdir:                     # before any compute (issue 39 item 1)
-    outputs.check_folder('--workdir', flags.FLAGS.workdir)
-    outputs.check_files_in('--workdir', flags.FLAGS.workdir, [
-        'theory.json', 'theory.md', 'fig_theory_free_energy.png', 'fig_theory_sw_vs_n.png',
-        'fig_theory_kernel_spread.png'])
-  run_theory(flags.FLAGS.config, flags.FLAGS.workdir)
+  if FLAGS.page_from_results:
+    page_from_results()
+    return
+  for name in RUN_FLAGS:
+    if FLAGS[name].value is None:
+      raise cli.ConfigError(f'--{name}: required for a run (or --page_from_results, which '
+                            'reads --results alone).')
+  for name in ('page', 'figures'):
+    if FLAGS[name].present:
+      raise cli.ConfigError(f'--{name}={FLAGS[name].value}: only with --page_from_results; a '
+                            'run would ignore it. Nothing was run or written.')
+  # before any compute (issue 39 item 1)
+  outputs.check_folder('--workdir', FLAGS.workdir)
+  outputs.check_files_in('--workdir', FLAGS.workdir, WORKDIR_FILES)
+  results_path = FLAGS.results if FLAGS['results'].present else None
+  if results_path:
+    outputs.check_file('--results', results_path)
+  run_theory(FLAGS.config, FLAGS.workdir, results_path)
 
 
 def launch() -> None:
   """Defines the flags and runs the command: ``python -m studies.theory``."""
   # Flags are defined here, not at import, so tests can import every experiment module.
   config_flags.DEFINE_config_file('config', None, 'Theory config.', lock_config=True)
-  flags.DEFINE_string('workdir', None, 'Directory for theory.json and figures.')
-  flags.mark_flags_as_required(['config', 'workdir'])
+  flags.DEFINE_string('workdir', None, 'Directory for theory.json, theory.md and figures.')
+  flags.DEFINE_string('results', RESULTS, 'The committed results file: a run given it also '
+                      'writes its theory.json there; --page_from_results reads it.')
+  flags.DEFINE_bool('page_from_results', False, 'Only rewrite --page\'s theory block and its '
+                    'three figures in --figures from --results; nothing is run, nothing else '
+                    'written.')
+  flags.DEFINE_string('page', 'docs/theory.md', 'With --page_from_results: the page whose '
+                      'theory block is rewritten.')
+  flags.DEFINE_string('figures', 'docs/figures', 'With --page_from_results: the folder of the '
+                      'page\'s figures.')
   cli.run(main)
