@@ -23,13 +23,14 @@ def _read(path):
     return f.read()
 
 
-def _rows(study):
-  """The study rows of the committed per-run files of ``results/runs/<study>``."""
+def _rows(study, source=None):
+  """The study rows of the committed per-run files of ``results/runs/<study>``, each written
+  from ``source`` (default: the results file, its run folders gone)."""
   records = run_files.read_study_records(os.path.join(REPO, 'results', 'runs', study))
-  results = f'results/{study}.json'
+  source = source or f'results/{study}.json (run folders gone)'
   for name, r in records.items():
     assert r['study'] == study and r['run'] == name
-    assert r['from'] == f'{results} (run folders gone)'
+    assert r['from'] == source
     assert r['config_sha256'] is None          # no digest is made up for a folder that is gone
   return [run_files.study_row(r) for r in records.values()]
 
@@ -86,7 +87,8 @@ def test_the_mimicry_conversion_accuracies_are_the_seed_means_of_its_per_run_fil
 
 def test_the_conversion_per_run_files_are_its_rows():
   committed = json.loads(_read('results/mqar_conversion.json'))
-  rows = _rows('mqar_conversion')
+  # Written by the collect command from the conversion folders (rerun at 707c4ae).
+  rows = _rows('mqar_conversion', 'run folders under workdir/mqar/convert')
   key = lambda r: (r['seq_len'], r['method'])
   assert sorted(rows, key=key) == sorted(committed['runs'], key=key)
   assert all(r['machine'] == r_['machine'] for r, r_ in zip(
