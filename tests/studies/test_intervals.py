@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from studies.phase_a_learning import command as phase_a_learning
+from studies.phase_a_learning import page as learning_page
 from experiments.analysis import intervals
 from experiments.analysis import loading
 from experiments.analysis import run_files
@@ -84,7 +85,7 @@ def test_per_run_files_recompute_the_pages_interval_and_survive_a_later_report(t
   page = entry['maps']['elu']['paired_kernel_minus_ball']['accuracy']
   assert page['mean'] == pytest.approx(rows[0]['mean'])
   np.testing.assert_allclose(page['ci95'], intervals.seed_interval(rows[0]), rtol=1e-9)
-  _, all_maps = phase_a_learning.pooled(entry['maps'], entry['all_maps'])
+  _, all_maps = learning_page.pooled(entry['maps'], entry['all_maps'])
   np.testing.assert_allclose(all_maps['paired_kernel_minus_ball']['accuracy']['ci95_pooled'],
                              intervals.pooled_mean(rows)['ci95'], rtol=1e-9)
   record = files[('rotten_tomatoes', 'kernel-elu', 0)]
