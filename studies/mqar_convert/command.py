@@ -112,18 +112,23 @@ def write_records(records: list, runs_out: str) -> None:
   run_files.write_study_command_records(records, runs_out)
 
 
+def _results_rows(mode: str, what: str) -> list:
+  """The rows of ``--results`` that ``mode`` writes ``what`` from: one ``cli.ConfigError``
+  naming ``--results`` when it is not a file or holds no runs."""
+  if not os.path.isfile(FLAGS.results):
+    raise cli.ConfigError(f'--results: {FLAGS.results!r} is not a file ({mode} reads its rows).')
+  held = loading.read_json(FLAGS.results)
+  rows = held.get('runs') if isinstance(held, dict) else None
+  if not rows or not isinstance(rows, list):
+    raise cli.ConfigError(f'--results: {FLAGS.results} holds no runs to write {what} from.')
+  return rows
+
+
 def runs_from_results(runs_out: str) -> None:
   """``--runs_from_results``: the per-run files of every row of ``--results``, nothing else."""
   if FLAGS.page:
     raise cli.ConfigError('--runs_from_results writes only the per-run files; drop --page.')
-  if not os.path.isfile(FLAGS.results):
-    raise cli.ConfigError(f'--results: {FLAGS.results!r} is not a file (--runs_from_results '
-                          'reads its rows).')
-  table = loading.read_json(FLAGS.results)
-  rows = table.get('runs') if isinstance(table, dict) else None
-  if not rows or not isinstance(rows, list):
-    raise cli.ConfigError(f'--results: {FLAGS.results} holds no runs to write per-run files '
-                          'from.')
+  rows = _results_rows('--runs_from_results', 'per-run files')
   try:
     recs = run_files.summary_records(STUDY, FLAGS.results, rows, run_id,
                                      run_files.written_by(MODULE))
@@ -140,13 +145,7 @@ def page_from_results() -> None:
                                                    'workdir', 'runs_out'))
   if not FLAGS.page:
     raise cli.ConfigError('--page_from_results needs --page (the page whose block it rewrites).')
-  if not os.path.isfile(FLAGS.results):
-    raise cli.ConfigError(f'--results: {FLAGS.results!r} is not a file (--page_from_results '
-                          'reads its rows).')
-  held = loading.read_json(FLAGS.results)
-  rows = held.get('runs') if isinstance(held, dict) else None
-  if not rows or not isinstance(rows, list):
-    raise cli.ConfigError(f'--results: {FLAGS.results} holds no runs to write the page from.')
+  rows = _results_rows('--page_from_results', 'the page')
   try:
     lines = table(rows)
   except (KeyError, TypeError, ValueError) as e:
