@@ -2,6 +2,7 @@ r"""Kernel (linear) attention against softmax attention, vs sequence length.
 
   python -m benchmarks.attention --out=benchmarks/results            # CPU sizes
   python -m benchmarks.attention --lengths=1024,4096,16384,65536,262144 --softmax_max_len=65536
+  python -m benchmarks.attention --page_from_results --out=benchmarks/results  # page from JSON
 
 For each L, dtype and feature map: the median wall time (after one warm-up call,
 each call ended by ``block_until_ready``) of the forward and of forward+backward
@@ -40,7 +41,8 @@ beyond inputs and outputs), ``peak_mb`` the device's peak where the backend
 exposes it (GPU; cumulative over the process, so it never decreases), else null. Shapes B × L × H × D (defaults B = 4, H = 8,
 D = 64, M = 256). Writes ``attention.json`` and ``attention.md``, and each row to
 ``attention_rows.jsonl`` as it finishes (with the commit: ``provenance.git_commit``, or
-``$COULOMB_JAX_COMMIT`` on a copy without ``.git``). ``--max_seconds`` stops starting new
+``$COULOMB_JAX_COMMIT`` on a copy without ``.git``); the page is ``markdown(record)`` of the
+JSON alone, so ``--page_from_results`` rewrites it from a committed JSON, measuring nothing. ``--max_seconds`` stops starting new
 cases after that long, so the summary is written inside an outer ``timeout``. Each case
 compiles its forward and its forward+backward once (``lower().compile()``: the timed
 programs and the memory analysis are the same executables). A bad flag value (an unknown
@@ -59,6 +61,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import flag_checks
+from benchmarks import pages
 from benchmarks.timing import median_seconds, paired_ratio
 from coulomb_jax import attention
 from coulomb_jax import features
@@ -88,6 +91,9 @@ _MAPS = flags.DEFINE_list('feature_maps', ['favor'], 'Feature maps of kernel att
 _IMPLS = flags.DEFINE_list('impls', ['materialized', 'fused', 'softmax'], 'Implementations.')
 _CHUNK = flags.DEFINE_integer('chunk_size', 1024, 'Chunk length of the fused path.')
 _LEARNED = flags.DEFINE_bool('learned', True, 'Also time learned particles (same code).')
+_PAGE_FROM_RESULTS = flags.DEFINE_bool(
+    'page_from_results', False, 'Only rewrite <--out>/attention.md from <--out>/attention.json '
+    '(nothing measured; refused beside a flag that changes what is measured).')
 _PAIRS = flags.DEFINE_integer('pairs', 0, 'Also time learned ÷ vanilla fwd+bwd in this many '
                               'interleaved pairs (timing.paired_ratio; 0: off).')
 
@@ -195,6 +201,50 @@ def particles(key, learned):
 
 
 OUTPUTS = ('attention.json', 'attention.md', 'attention_rows.jsonl')
+# Refused with --page_from_results: the flags that say what is measured.
+RUN_FLAGS = ('lengths', 'dtypes', 'batch', 'heads', 'head_dim', 'num_features',
+             'softmax_max_len', 'cudnn_max_len', 'max_seconds', 'repeats', 'feature_maps',
+             'impls', 'chunk_size', 'learned', 'pairs')
+
+
+def markdown(record: dict) -> str:
+  """The page of a record (``attention.json``): its provenance and one row per dtype, map
+  and L of the command's flags, '–' where a case was not measured."""
+  settings = pages.command_flags(record['command'])
+  impls, dtypes = settings['impls'].split(','), settings['dtypes'].split(',')
+  index = {(r['impl'], r['feature_map'], r['particles'], r['dtype'], r['L']): r
+           for r in record['rows']}
+  num = lambda r, f, p=2: '–' if r is None or r.get(f) is None else f'{r[f]:.{p}f}'
+  kernel_impls = [i for i in impls if i not in SOFTMAX_IMPLS]
+  lines = ['| dtype | map | L | ' + ' | '.join(f'{i} fwd / fwd+bwd (ms)' for i in impls)
+           + ' | temp MB ' + ' / '.join(impls) + ' | learned ÷ vanilla (fwd+bwd) '
+           + ' / '.join(kernel_impls) + ' |', '|---' * (len(impls) + 5) + '|']
+  for dtype in dtypes:
+    for fmap in settings['feature_maps'].split(','):
+      for length in map(int, settings['lengths'].split(',')):
+        get = lambda i, kind='vanilla': index.get(
+            (i, '-' if i in SOFTMAX_IMPLS else fmap, kind, dtype, length))
+        ratios = []
+        for impl in kernel_impls:
+          lr, va = get(impl, 'learned'), get(impl)
+          paired = lr and lr.get('learned_over_vanilla_paired')
+          if paired:
+            ratios.append(f"{paired['median']:.3f} [{paired['q25']:.3f}, {paired['q75']:.3f}]")
+          elif lr and va and lr['forward_backward_ms'] and va['forward_backward_ms']:
+            ratios.append(f"{lr['forward_backward_ms'] / va['forward_backward_ms']:.3f}")
+          else:
+            ratios.append('–')
+        times = ' | '.join(f'{num(get(i), "forward_ms")} / {num(get(i), "forward_backward_ms")}'
+                           for i in impls)
+        mem = ' / '.join(num(get(i), 'temp_mb', 0) for i in impls)
+        lines.append(f'| {dtype} | {fmap} | {length} | {times} | {mem} | '
+                     f'{" / ".join(ratios)} |')
+  table = '\n'.join(lines)
+  return (f"# Kernel attention vs softmax attention\n\nCommand: `{record['command']}`  \n"
+          f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
+          f"Machine: {json.dumps(record['machine'])}  \n"
+          f"B={settings['batch']}, H={settings['heads']}, D={settings['head_dim']}, "
+          f"M={settings['num_features']}.\n\n{table}\n")
 
 
 def check_flags(argv) -> None:
@@ -235,6 +285,11 @@ def check_flags(argv) -> None:
 
 
 def main(argv):
+  if _PAGE_FROM_RESULTS.value:
+    if len(argv) > 1:
+      raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+    print(pages.rewrite_page(_OUT.value, 'attention', markdown, RUN_FLAGS))
+    return
   check_flags(argv)
   # The commit of the code that runs, taken before this run writes anything: its
   # attention_rows.jsonl (tracked) would otherwise mark every run '-dirty'.
@@ -277,35 +332,6 @@ def main(argv):
       with open(os.path.join(_OUT.value, 'attention_rows.jsonl'), 'a') as f:
         f.write(json.dumps(row) + '\n')
 
-  index = {(r['impl'], r['feature_map'], r['particles'], r['dtype'], r['L']): r for r in rows}
-  num = lambda r, f, p=2: '–' if r is None or r.get(f) is None else f'{r[f]:.{p}f}'
-  impls = list(_IMPLS.value)
-  kernel_impls = [i for i in impls if i not in SOFTMAX_IMPLS]
-  lines = ['| dtype | map | L | ' + ' | '.join(f'{i} fwd / fwd+bwd (ms)' for i in impls)
-           + ' | temp MB ' + ' / '.join(impls) + ' | learned ÷ vanilla (fwd+bwd) '
-           + ' / '.join(kernel_impls) + ' |', '|---' * (len(impls) + 5) + '|']
-  for dtype in _DTYPES.value:
-    for fmap in _MAPS.value:
-      for length in map(int, _LENGTHS.value):
-        get = lambda i, kind='vanilla': index.get(
-            (i, '-' if i in SOFTMAX_IMPLS else fmap, kind, dtype, length))
-        ratios = []
-        for impl in kernel_impls:
-          lr, va = get(impl, 'learned'), get(impl)
-          paired = lr and lr.get('learned_over_vanilla_paired')
-          if paired:
-            ratios.append(f"{paired['median']:.3f} [{paired['q25']:.3f}, {paired['q75']:.3f}]")
-          elif lr and va and lr['forward_backward_ms'] and va['forward_backward_ms']:
-            ratios.append(f"{lr['forward_backward_ms'] / va['forward_backward_ms']:.3f}")
-          else:
-            ratios.append('–')
-        times = ' | '.join(f'{num(get(i), "forward_ms")} / {num(get(i), "forward_backward_ms")}'
-                           for i in impls)
-        mem = ' / '.join(num(get(i), 'temp_mb', 0) for i in impls)
-        lines.append(f'| {dtype} | {fmap} | {length} | {times} | {mem} | '
-                     f'{" / ".join(ratios)} |')
-  table = '\n'.join(lines)
-  print(table)
   flag_text = ' '.join(f'--{f.name}={",".join(f.value) if isinstance(f.value, list) else f.value}'
                        for f in (_LENGTHS, _DTYPES, _BATCH, _HEADS, _HEAD_DIM, _FEATURES,
                                  _SOFTMAX_MAX, _CUDNN_MAX, _REPEATS, _MAPS, _IMPLS, _CHUNK,
@@ -313,15 +339,12 @@ def main(argv):
   record = {'benchmark': 'attention', 'command': f'python -m benchmarks.attention {flag_text}',
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': commit, 'machine': provenance.machine(), 'rows': rows}
+  text = markdown(record)
+  print(text)
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, 'attention')
   provenance.write_json_atomic(stem + '.json', record, indent=1)
-  provenance.write_atomic(
-      stem + '.md',
-      f"# Kernel attention vs softmax attention\n\nCommand: `{record['command']}`  \n"
-      f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
-      f"Machine: {json.dumps(record['machine'])}  \n"
-      f'B={_BATCH.value}, H={_HEADS.value}, D={_HEAD_DIM.value}, M={_FEATURES.value}.\n\n{table}\n')
+  provenance.write_atomic(stem + '.md', text)
 
 
 if __name__ == '__main__':

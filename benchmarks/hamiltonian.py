@@ -1,6 +1,7 @@
 r"""Time of one jitted H + ∇H: the O(n·F) alignment against the naive n×n form.
 
   python -m benchmarks.hamiltonian --out=benchmarks/results
+  python -m benchmarks.hamiltonian --page_from_results --feature_map=favor  # page from JSON
 
 For each n (samples) and N (particles), d = 64, a feature map (``--feature_map``,
 default random Fourier features), λ = 0.5, s = "coulomb": the median wall time of
@@ -11,7 +12,8 @@ default random Fourier features), λ = 0.5, s = "coulomb": the median wall time 
   A = (yᵀKy − Σ_i y_i² K_ii) / (n(n−1)).
 
 Prints a markdown table and writes ``hamiltonian_<map>.json`` and
-``hamiltonian_<map>.md`` into ``--out``. Times are after one warm-up call, each call ended by
+``hamiltonian_<map>.md`` (``markdown`` of the JSON alone, so ``--page_from_results`` rewrites
+it from a committed JSON) into ``--out``, each replaced atomically. Times are after one warm-up call, each call ended by
 ``block_until_ready``. A bad flag value (an unknown ``--feature_map``, n below 2, a size
 below 1, an ``--out`` that is a file) ends in one line naming the flag, exit status 2,
 before anything is computed or written.
@@ -26,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import flag_checks
+from benchmarks import pages
 from benchmarks.timing import median_seconds
 import coulomb_jax as cj
 from coulomb_jax import hamiltonian as hl
@@ -40,6 +43,12 @@ _DIM = flags.DEFINE_integer('dim', 64, 'Input and particle dimension d.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per case (median reported).')
 _NAIVE_MAX_N = flags.DEFINE_integer('naive_max_n', 8000, 'Skip the naive form above this n.')
 _MAP = flags.DEFINE_string('feature_map', 'rff', 'Feature map name (coulomb_jax.features).')
+_PAGE_FROM_RESULTS = flags.DEFINE_bool(
+    'page_from_results', False, 'Only rewrite <--out>/hamiltonian_<map>.md from the JSON beside '
+    'it (nothing measured; refused beside a flag that changes what is measured).')
+# Refused with --page_from_results: the flags that say what is measured (--feature_map picks
+# the page).
+RUN_FLAGS = ('n', 'num_particles', 'dim', 'repeats', 'naive_max_n')
 
 LAM, S = 0.5, 'coulomb'
 
@@ -57,14 +66,34 @@ def fast_hamiltonian(omega, x, y):
   return hl.hamiltonian(omega, x, y, feature_map=_MAP.value, lam=LAM, s=S)
 
 
+def markdown(record: dict) -> str:
+  """The page of a record (``hamiltonian_<map>.json``): its provenance and one row per
+  (N, n), '–' where the naive form was skipped."""
+  lines = ['| N | n | fast H+∇H (ms) | naive H+∇H (ms) | speed-up |', '|---|---|---|---|---|']
+  for r in record['rows']:
+    naive_ms = f"{1e3 * r['naive_s']:.2f}" if 'naive_s' in r else '–'
+    speedup = f"{r['speedup']:.1f}×" if 'speedup' in r else '–'
+    lines.append(f"| {r['num_particles']} | {r['n']} | {1e3 * r['fast_s']:.2f} | {naive_ms} "
+                 f'| {speedup} |')
+  table = '\n'.join(lines)
+  return (f"# H + ∇H benchmark ({record['feature_map']})\n\nCommand: `{record['command']}`  \n"
+          f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
+          f"Machine: {json.dumps(record['machine'])}\n\n{table}\n")
+
+
+def check_map() -> None:
+  """One ``cli.ConfigError`` naming ``--feature_map`` unless the library knows the map."""
+  if _MAP.value not in cj.FEATURE_MAPS:
+    raise cli.ConfigError(f'--feature_map: unknown {_MAP.value!r}; known: '
+                          f'{sorted(cj.FEATURE_MAPS)}.')
+
+
 def check_flags(argv) -> None:
   """Every flag, before anything is computed or written: one ``cli.ConfigError`` naming
   the flag and its value."""
   if len(argv) > 1:
     raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
-  if _MAP.value not in cj.FEATURE_MAPS:
-    raise cli.ConfigError(f'--feature_map: unknown {_MAP.value!r}; known: '
-                          f'{sorted(cj.FEATURE_MAPS)}.')
+  check_map()
   flag_checks.check_ints(_NS, 2)                      # the alignment pairs distinct samples: n ≥ 2
   flag_checks.check_ints(_NUMS, 1)
   for flag in (_DIM, _REPEATS):
@@ -76,6 +105,12 @@ def check_flags(argv) -> None:
 
 
 def main(argv):
+  if _PAGE_FROM_RESULTS.value:
+    if len(argv) > 1:
+      raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+    check_map()
+    print(pages.rewrite_page(_OUT.value, f'hamiltonian_{_MAP.value}', markdown, RUN_FLAGS))
+    return
   check_flags(argv)
   fast = jax.jit(jax.value_and_grad(fast_hamiltonian))
   naive = jax.jit(jax.value_and_grad(naive_hamiltonian))
@@ -94,31 +129,22 @@ def main(argv):
       rows.append(row)
       print(json.dumps(row), flush=True)
 
-  lines = ['| N | n | fast H+∇H (ms) | naive H+∇H (ms) | speed-up |', '|---|---|---|---|---|']
-  for r in rows:
-    naive_ms = f"{1e3 * r['naive_s']:.2f}" if 'naive_s' in r else '–'
-    speedup = f"{r['speedup']:.1f}×" if 'speedup' in r else '–'
-    lines.append(f"| {r['num_particles']} | {r['n']} | {1e3 * r['fast_s']:.2f} | {naive_ms} "
-                 f'| {speedup} |')
-  table = '\n'.join(lines)
-  print(table)
   record = {'benchmark': 'hamiltonian', 'feature_map': _MAP.value,
             'command': 'python -m benchmarks.hamiltonian '
             + ' '.join(f'--{k}={v}' for k, v in (('feature_map', _MAP.value),
                                                   ('n', ','.join(_NS.value)),
                                                   ('num_particles', ','.join(_NUMS.value)),
                                                   ('dim', _DIM.value),
-                                                  ('repeats', _REPEATS.value))),
+                                                  ('repeats', _REPEATS.value),
+                                                  ('naive_max_n', _NAIVE_MAX_N.value))),
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': provenance.git_commit(), 'machine': provenance.machine(), 'rows': rows}
+  text = markdown(record)
+  print(text)
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, f'hamiltonian_{_MAP.value}')
-  with open(stem + '.json', 'w') as f:
-    json.dump(record, f, indent=1)
-  with open(stem + '.md', 'w') as f:
-    f.write(f"# H + ∇H benchmark ({_MAP.value})\n\nCommand: `{record['command']}`  \n"
-            f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
-            f"Machine: {json.dumps(record['machine'])}\n\n{table}\n")
+  provenance.write_json_atomic(stem + '.json', record, indent=1)
+  provenance.write_atomic(stem + '.md', text)
 
 
 if __name__ == '__main__':

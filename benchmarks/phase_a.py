@@ -2,6 +2,7 @@ r"""What Phase A costs: H + ∇H per step vs n and N, and Phase A against Phase 
 
   python -m benchmarks.phase_a --out=benchmarks/results
   python -m benchmarks.phase_a --runs=workdir/grid      # also the measured shares of real runs
+  python -m benchmarks.phase_a --page_from_results     # the page from benchmarks/results/phase_a.json
 
 Three tables (median of repeated calls after one warm-up, ``block_until_ready``):
 
@@ -17,7 +18,8 @@ Three tables (median of repeated calls after one warm-up, ``block_until_ready``)
 3. ``runs`` (with ``--runs``): the measured ``phase_a_seconds`` and
    ``phase_b_seconds`` of finished ``experiments.train`` runs.
 
-Writes ``phase_a.json`` and ``phase_a.md``. A bad flag value (a map linear attention does
+Writes ``phase_a.json`` and ``phase_a.md`` (``markdown`` of the JSON alone, so
+``--page_from_results`` rewrites it from a committed JSON), each replaced atomically. A bad flag value (a map linear attention does
 not take, n below 2, a size below 1, a malformed ``--epochs``, a ``--runs`` folder that is
 not there, an ``--out`` that is a file) ends in one line naming the flag, exit status 2,
 before anything is computed or written.
@@ -34,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import flag_checks
+from benchmarks import pages
 from benchmarks.timing import median_seconds
 from coulomb_jax import features
 from coulomb_jax import hamiltonian
@@ -52,6 +55,11 @@ _EPOCHS = flags.DEFINE_string('epochs', '10,10:1,2:2,5',
                               'Phase A,B epoch pairs (colon-separated) for the share column.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per case (median reported).')
 _RUNS = flags.DEFINE_string('runs', '', 'Root of experiments.train runs (optional).')
+_PAGE_FROM_RESULTS = flags.DEFINE_bool(
+    'page_from_results', False, 'Only rewrite <--out>/phase_a.md from <--out>/phase_a.json '
+    '(nothing measured; refused beside a flag that changes what is measured).')
+# Refused with --page_from_results: the flags that say what is measured.
+RUN_FLAGS = ('n', 'num_features', 'lengths', 'feature_map', 'epochs', 'repeats', 'runs')
 
 
 def objective_rows():
@@ -148,6 +156,45 @@ def _share_table(steps, pairs, columns, share_key):
   return lines
 
 
+def markdown(record: dict) -> str:
+  """The page of a record (``phase_a.json``): its provenance and the three tables, with the
+  n, N and epoch pairs of the record's command."""
+  settings = pages.command_flags(record['command'])
+  ns = settings['n'].split(',')
+  objective, steps, runs = record['objective'], record['steps'], record['runs']
+  lines = ['## H + ∇H of one head (ms)', '', '| N \\ n | ' + ' | '.join(ns) + ' |',
+           '|---|' + '---|' * len(ns)]
+  for num in map(int, settings['num_features'].split(',')):
+    cells = [f"{r['ms']:.2f}" for r in objective if r['N'] == num]
+    lines.append(f'| {num} | ' + ' | '.join(cells) + ' |')
+  pairs = [tuple(map(int, p.split(','))) for p in settings['epochs'].split(':')]
+  joint = [('Phase A step', lambda r: f"{r['phase_a_ms']:.1f}"),
+           ('Phase B step', lambda r: f"{r['phase_b_ms']:.1f}"),
+           ('A ÷ B', lambda r: f"{r['phase_a_ms'] / r['phase_b_ms']:.3f}")]
+  layerwise = [('cache forward', lambda r: f"{r['layerwise_cache_ms']:.1f}"),
+               ('layer step', lambda r: f"{r['layerwise_step_ms']:.2f}")]
+  lines += ['', '## One step of the paper-sized encoder, batch 64 (ms)', '',
+            'Joint schedule (`phase_a.schedule=joint`): every Phase A step runs the encoder '
+            'forward.', '', *_share_table(steps, pairs, joint, 'share'), '',
+            'Layer-wise schedule (`phase_a.schedule=layerwise`): per layer, one forward '
+            'pass for the cached pooled keys (the deepest layer\'s, timed per batch) and '
+            'e_A epochs of steps on them; share = n_layers·(cache + e_A·step) / (that + '
+            'e_B·Phase B step), per batch.', '',
+            *_share_table(steps, pairs, layerwise, 'layerwise_share')]
+  if runs:
+    lines += ['', '## Measured in experiments.train runs', '',
+              '| dataset | variant | seed | epochs A / B | Phase A (s) | Phase B (s) | A share |',
+              '|---|---|---|---|---|---|---|']
+    for r in runs:
+      lines.append(f"| {r['dataset']} | {r['variant']} | {r['seed']} | "
+                   f"{r['phase_a_epochs']} / {r['phase_b_epochs']} | {r['phase_a_seconds']:.0f} | "
+                   f"{r['phase_b_seconds']:.0f} | {100 * r['share']:.1f}% |")
+  table = '\n'.join(lines)
+  return (f"# Phase A cost\n\nCommand: `{record['command']}`  \n"
+          f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
+          f"Machine: {json.dumps(record['machine'])}\n\n{table}\n")
+
+
 def check_flags(argv) -> None:
   """Every flag, before anything is computed or written: one ``cli.ConfigError`` naming
   the flag and its value."""
@@ -179,50 +226,26 @@ def check_flags(argv) -> None:
 
 
 def main(argv):
+  if _PAGE_FROM_RESULTS.value:
+    if len(argv) > 1:
+      raise cli.ConfigError(f'unexpected arguments {argv[1:]}.')
+    print(pages.rewrite_page(_OUT.value, 'phase_a', markdown, RUN_FLAGS))
+    return
   check_flags(argv)
   objective, steps = objective_rows(), step_rows()
   runs = run_rows(_RUNS.value) if _RUNS.value else []
-  lines = ['## H + ∇H of one head (ms)', '', '| N \\ n | ' + ' | '.join(_NS.value) + ' |',
-           '|---|' + '---|' * len(_NS.value)]
-  for num in map(int, _MS.value):
-    cells = [f"{r['ms']:.2f}" for r in objective if r['N'] == num]
-    lines.append(f'| {num} | ' + ' | '.join(cells) + ' |')
-  pairs = [tuple(map(int, p.split(','))) for p in _EPOCHS.value.split(':')]
-  joint = [('Phase A step', lambda r: f"{r['phase_a_ms']:.1f}"),
-           ('Phase B step', lambda r: f"{r['phase_b_ms']:.1f}"),
-           ('A ÷ B', lambda r: f"{r['phase_a_ms'] / r['phase_b_ms']:.3f}")]
-  layerwise = [('cache forward', lambda r: f"{r['layerwise_cache_ms']:.1f}"),
-               ('layer step', lambda r: f"{r['layerwise_step_ms']:.2f}")]
-  lines += ['', '## One step of the paper-sized encoder, batch 64 (ms)', '',
-            'Joint schedule (`phase_a.schedule=joint`): every Phase A step runs the encoder '
-            'forward.', '', *_share_table(steps, pairs, joint, 'share'), '',
-            'Layer-wise schedule (`phase_a.schedule=layerwise`): per layer, one forward '
-            'pass for the cached pooled keys (the deepest layer\'s, timed per batch) and '
-            'e_A epochs of steps on them; share = n_layers·(cache + e_A·step) / (that + '
-            'e_B·Phase B step), per batch.', '',
-            *_share_table(steps, pairs, layerwise, 'layerwise_share')]
-  if runs:
-    lines += ['', '## Measured in experiments.train runs', '',
-              '| dataset | variant | seed | epochs A / B | Phase A (s) | Phase B (s) | A share |',
-              '|---|---|---|---|---|---|---|']
-    for r in runs:
-      lines.append(f"| {r['dataset']} | {r['variant']} | {r['seed']} | "
-                   f"{r['phase_a_epochs']} / {r['phase_b_epochs']} | {r['phase_a_seconds']:.0f} | "
-                   f"{r['phase_b_seconds']:.0f} | {100 * r['share']:.1f}% |")
-  table = '\n'.join(lines)
-  print(table)
   flag_text = ' '.join(f'--{f.name}={",".join(f.value) if isinstance(f.value, list) else f.value}'
                        for f in (_NS, _MS, _LENGTHS, _MAP, _EPOCHS, _REPEATS, _RUNS))
   record = {'benchmark': 'phase_a', 'command': f'python -m benchmarks.phase_a {flag_text}',
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': provenance.git_commit(), 'machine': provenance.machine(),
             'objective': objective, 'steps': steps, 'runs': runs}
+  text = markdown(record)
+  print(text)
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, 'phase_a')
   provenance.write_json_atomic(stem + '.json', record, indent=1)
-  provenance.write_atomic(stem + '.md', f"# Phase A cost\n\nCommand: `{record['command']}`  \n"
-                          f"Date: {record['date']}  \nCommit: {record['commit']}  \n"
-                          f"Machine: {json.dumps(record['machine'])}\n\n{table}\n")
+  provenance.write_atomic(stem + '.md', text)
 
 
 if __name__ == '__main__':

@@ -21,13 +21,14 @@ numbers in [0, 1], whose labels are not 0/1 or whose row count is not the test s
 
 import json
 import os
-from typing import Optional
+from typing import Callable, Optional
 import zipfile
 
 import numpy as np
 
 from experiments.common import cli
 from experiments.common import outputs
+from experiments.common import provenance
 from experiments.run import run_identity
 
 SPLIT_NAMES = {
@@ -288,3 +289,23 @@ def read_json(path: str):
       return json.load(f)
   except json.JSONDecodeError as e:
     raise cli.ConfigError(f'{path}: not valid JSON ({e}).') from None
+
+
+def rewrite_page_beside(out: str, stem: str, markdown: Callable[[dict], str]) -> str:
+  """``--page_from_results`` of a command whose page ``<out>/<stem>.md`` is ``markdown`` of the
+  record ``<out>/<stem>.json`` beside it: reads that JSON alone and replaces the page
+  atomically; writes nothing else. One ``cli.ConfigError`` naming ``--out`` before any write:
+  a missing folder or JSON, a page path that is a folder, a record the page cannot be made
+  from. Returns the page's path."""
+  outputs.check_folder('--out', out, must_exist=True)
+  outputs.check_files_in('--out', out, [stem + '.md'])
+  path = os.path.join(out, stem + '.json')
+  if not os.path.isfile(path):
+    raise cli.ConfigError(f'--out: {path!r} is not a file (--page_from_results reads it).')
+  try:
+    text = markdown(read_json(path))
+  except (KeyError, IndexError, TypeError, ValueError, StopIteration) as e:
+    raise cli.ConfigError(f'--out: {path}: it cannot give the page ({e!r}).') from None
+  page = os.path.join(out, stem + '.md')
+  provenance.write_atomic(page, text)
+  return page

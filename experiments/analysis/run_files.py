@@ -32,7 +32,6 @@ The studies that collect runs into one results JSON write flat files instead,
 (``summary_records``); the section "studies" below.
 """
 
-import json
 import os
 import sys
 from typing import Dict, List, Optional, Tuple

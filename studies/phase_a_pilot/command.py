@@ -169,16 +169,7 @@ def page_from_results(config) -> None:
   cli.refuse_beside_page_from_results('--out', RUN_FLAGS, config, pilot_settings.get_config(),
                                       keep=('dataset',))
   stem = f'phase_a_pilot_{config.dataset}'
-  outputs.check_folder('--out', _OUT.value, must_exist=True)
-  outputs.check_files_in('--out', _OUT.value, [stem + '.md'])
-  path = os.path.join(_OUT.value, stem + '.json')
-  if not os.path.isfile(path):
-    raise cli.ConfigError(f'--out: {path!r} is not a file (--page_from_results reads it).')
-  try:
-    text = markdown(loading.read_json(path))
-  except (KeyError, IndexError, TypeError, ValueError) as e:
-    raise cli.ConfigError(f'--out: {path}: it cannot give the page ({e!r}).') from None
-  provenance.write_atomic(os.path.join(_OUT.value, stem + '.md'), text)
+  loading.rewrite_page_beside(_OUT.value, stem, markdown)
 
 
 def main(argv):

@@ -1,0 +1,40 @@
+"""The benchmark pages from their JSON records (``--page_from_results``).
+
+Each benchmark command writes a record (``<stem>.json``: command, date, commit, machine,
+rows) and a page (``<stem>.md``) that is a pure function of that record, so a clone
+rewrites the page from the committed JSON alone, byte for byte, with nothing measured:
+
+  python -m benchmarks.attention --page_from_results --out=benchmarks/results
+"""
+
+import shlex
+from typing import Callable, Sequence
+
+from absl import flags
+
+from experiments.analysis import loading
+from experiments.common import cli
+
+
+def command_flags(command: str) -> dict[str, str]:
+  """``{name: value}`` of the ``--name=value`` words of a record's ``command`` (the form
+  every benchmark writes: each flag once, with ``=``)."""
+  return dict(word[2:].split('=', 1) for word in shlex.split(command)
+              if word.startswith('--') and '=' in word)
+
+
+def rewrite_page(out: str, stem: str, markdown: Callable[[dict], str],
+                 run_flags: Sequence[str]) -> str:
+  """``--page_from_results``: reads ``<out>/<stem>.json`` alone and rewrites
+  ``<out>/<stem>.md`` with ``markdown(record)`` (``loading.rewrite_page_beside``).
+
+  Refused in one ``cli.ConfigError`` before any write: a flag of ``run_flags`` given on the
+  command line, whatever its value (it would change what is measured); then
+  ``loading.rewrite_page_beside``'s refusals. Returns the page's path."""
+  for name in run_flags:
+    flag = flags.FLAGS[name]
+    if flag.present:
+      value = ','.join(map(str, flag.value)) if isinstance(flag.value, list) else flag.value
+      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
+                            f'--{name}={value}.')
+  return loading.rewrite_page_beside(out, stem, markdown)
