@@ -142,6 +142,12 @@ ZOOLOGY = {
     'pilot_step_sizes': (1e-3, 3e-3, 1e-2),
     'pilot_learning_rate': 2.154e-3,
     'pilot_steps': 1000,
+    # Runs at the sweep cells of these methods go after every other run, (256, 16) included:
+    # the GPU grid ran them at every rate and seed of both sweep cells
+    # (results/mqar_zoology_gpu.json; 24 CPU twins agreed, docs/recall.md), so on this CPU
+    # they add least. The methods it did not run (the Coulomb pair, the distilled Hedgehog)
+    # and the (256, 16) cell come first.
+    'deferred': ('hedgehog', 'elu', 'taylor', 'favor_orthogonal', 'softmax'),
 }
 
 
@@ -193,7 +199,8 @@ def zoology_plan(root: str, grid: dict = None):
   methods' sweeps of that cell are done (the question whether the Coulomb terms change
   anything needs them paired by seed); each sweep cell (methods × rates, seed 0); (256, 16)
   seed 0 at each method's best rate of (128, 8); seeds 1 and 2 at each method's best rate
-  of each sweep cell, then at (256, 16). The particles' step size is the pilot's choice for
+  of each sweep cell, then at (256, 16); last, the sweep cells' runs of the grid's
+  ``deferred`` methods (where there is one), in the same order. The particles' step size is the pilot's choice for
   the cell (the (256, 16) runs take (128, 8)'s). The best rate of a method is the argmax of
   ``selection_key`` over its seed-0 runs (validation batch, never the test batch).
   """
@@ -258,7 +265,11 @@ def zoology_plan(root: str, grid: dict = None):
                  _cell(seq_len, num_pairs, w, method=method, seed=seed, **extra))
         (pair if paired and method in COULOMB_PAIR else runs).append(entry)
   pilots = [r for r in runs if r[0].startswith('pilot/')]
-  return pilots + pair + runs[len(pilots):] + later, waiting
+  ordered = pilots + pair + runs[len(pilots):] + later
+  sweep = set(g['sweep_cells'])
+  deferred = [r for r in ordered if r[1].get('method') in g.get('deferred', ())
+              and (r[1]['data.seq_len'], r[1]['data.num_pairs']) in sweep]
+  return [r for r in ordered if r not in deferred] + deferred, waiting
 
 
 def zoology_best(rows: List[dict]) -> dict:

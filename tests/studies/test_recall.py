@@ -262,3 +262,23 @@ def test_the_coulomb_pairs_later_seeds_run_first_once_both_sweeps_of_a_cell_are_
   # The rest keeps its order: the sweeps, then the long cell, then the other seeds.
   assert names[6] == 'particles_softmax-L16-P2-w16-lr1.0e-03-seed0'
   assert len(names) == len(set(names))
+
+
+def test_a_deferred_methods_sweep_runs_go_last_and_its_long_cell_does_not(tmp_path):
+  # 'deferred' (the methods the GPU grid ran at both sweep cells): their sweep-cell runs go
+  # after every other run, in the same order; their long-cell runs keep their place.
+  tiny = dict(grid.ZOOLOGY, sweep_cells=((16, 2),), long_cell=(24, 3), width=16,
+              learning_rates=(1e-3, 1e-2), methods=('taylor', 'elu', 'hedgehog_distilled'),
+              seeds=(0, 1), pilot_step_sizes=(1e-3,), pilot_steps=2, deferred=('taylor', 'elu'))
+  root = tmp_path / 'grid'
+  for lr in ('1.0e-03', '1.0e-02'):                 # taylor's sweep is done: its long cell runs
+    (root / f'taylor-L16-P2-w16-lr{lr}-seed0').mkdir(parents=True)
+    (root / f'taylor-L16-P2-w16-lr{lr}-seed0' / 'result.json').write_text(
+        json.dumps({'valid_accuracy': 0.3 if lr == '1.0e-02' else 0.2, 'valid_loss': 1.0}))
+  names = [n for n, _ in grid.zoology_plan(str(root), tiny)[0]]
+  undeferred = [n for n, _ in grid.zoology_plan(str(root), dict(tiny, deferred=()))[0]]
+  assert sorted(names) == sorted(undeferred)
+  last = [n for n in undeferred if n.split('-')[0] in ('taylor', 'elu') and '-L16-' in n]
+  assert names[-len(last):] == last and len(last) == 2 + 2 + 1     # 2 sweeps + taylor's seed 1
+  assert names[:-len(last)] == [n for n in undeferred if n not in last]
+  assert names.index('taylor-L24-P3-w16-lr1.0e-02-seed0') < len(names) - len(last)
