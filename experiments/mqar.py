@@ -17,6 +17,11 @@ Every output path (``--workdir``, ``--results``, ``--runs_dir``, ``--page``, ``-
 mode would ignore (``--page`` without ``--collect_only``, ``--results`` for one run) is
 refused: one line naming the flag (``check_flags``, ``outputs``).
 
+  python -m experiments.mqar --config=configs/mqar.py:zoology --grid=zoology \
+      --workdir=workdir/mqar_zoology          # Zoology's protocol (results/mqar_zoology.json)
+  python -m experiments.mqar --config=configs/mqar.py:zoology --grid=zoology_long \
+      --workdir=workdir/mqar_zoology_long     # the same at 4x the steps, one cell
+
   python -m experiments.mqar --workdir=workdir/mqar/main --collect_only --page=docs/recall.md
   python -m experiments.mqar --workdir=workdir/mqar/long --collect_only \
       --results=results/mqar_long.json --page=docs/recall.md --block=mqar_long \
@@ -44,8 +49,9 @@ from experiments.recall import zoology_page
 FLAGS = flags.FLAGS
 RUNS_DIR = 'results/runs/mqar_zoology'
 ZOOLOGY_RESULTS = ['results/mqar_zoology.json', 'results/mqar_zoology_gpu.json',
-                   'results/mqar_zoology_gpu_long.json']
-"""The zoology grid's results files the page shows, where they exist (CPU, GPU, GPU long)."""
+                   'results/mqar_zoology_long.json', 'results/mqar_zoology_gpu_long.json']
+"""The zoology grids' results files the page shows, where they exist (CPU, GPU, CPU long,
+GPU long)."""
 
 
 def _run_key(row: dict) -> tuple:
@@ -109,10 +115,12 @@ def run_grid(config, name: str, root: str, results: str, log=run_lib.log_line) -
   return made
 
 
-def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_line) -> int:
+def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_line,
+                  grid=None) -> int:
   """``path`` (the binding results/mqar_zoology.json) and one file per run in ``runs_dir``
   from every finished run under ``root``, keeping the runs ``path`` holds that ``root``
-  lacks (a run in both is taken from ``root``)."""
+  lacks (a run in both is taken from ``root``); ``grid``: the sequential grid's plan
+  (``grid_lib.ZOOLOGY_GRIDS``; default ``grid_lib.ZOOLOGY``), for the protocol's rates."""
   runs, pilots = grid_lib.zoology_rows(root)
   old_failed = []
   if os.path.exists(path):
@@ -134,7 +142,8 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
                           f'--results {path} none either.')
   where = '+'.join(sorted({r.get('machine', {}).get('platform', 'cpu') for r in runs + pilots}))
   batched = any('runs_in_program' in r for r in runs)
-  table = grid_lib.zoology_file(runs, pilots, grid_lib.zoology_protocol(config, where, batched))
+  table = grid_lib.zoology_file(runs, pilots,
+                                grid_lib.zoology_protocol(config, where, batched, grid))
   failed = {f['program']: f for f in old_failed}
   for path_ in sorted(glob.glob(os.path.join(root, 'programs', '*', batched_lib.FAILED_FILE))):
     with open(path_) as f:
@@ -204,7 +213,7 @@ def run_zoology(config, root: str, results: str, runs_dir: str, log=run_lib.log_
         run_lib.train_and_evaluate(grid_lib.apply_overrides(config, overrides), run_dir, log,
                                    metadata)
       made += 1
-      write_zoology(config, root, results, runs_dir, log)
+      write_zoology(config, root, results, runs_dir, log, grid)
       done_one = True
       break                                  # a finished run may unlock others: re-plan
     if done_one:
@@ -265,8 +274,9 @@ _MODE_FLAGS = {
     'block': ('--collect_only', lambda collect, grid: collect),
     'results': ('--grid or --collect_only (a single run writes <workdir>/result.json)',
                 lambda collect, grid: collect or grid),
-    'runs_dir': ('--grid=zoology or a batched grid',
-                 lambda collect, grid: grid == 'zoology' or grid in grid_lib.BATCHED_GRIDS),
+    'runs_dir': ('--grid=zoology, zoology_long or a batched grid',
+                 lambda collect, grid: (grid in grid_lib.ZOOLOGY_GRIDS
+                                        or grid in grid_lib.BATCHED_GRIDS)),
     'archive': ('a batched grid, without --collect_only',
                 lambda collect, grid: grid in grid_lib.BATCHED_GRIDS and not collect),
 }
@@ -300,14 +310,15 @@ def main(argv):
   check_flags()
   config = FLAGS.config
   batched = FLAGS.grid in grid_lib.BATCHED_GRIDS
-  if FLAGS.grid == 'zoology' or batched:
-    default = 'results/mqar_zoology.json'
+  if FLAGS.grid in grid_lib.ZOOLOGY_GRIDS or batched:
     if batched:
       spec = grid_lib.BATCHED_GRIDS[FLAGS.grid]
-      config = grid_lib.apply_overrides(config, spec.get('overrides', {}))
-      default = spec['results']
+      overrides, default = spec.get('overrides', {}), spec['results']
+    else:
+      grid, overrides, default = grid_lib.ZOOLOGY_GRIDS[FLAGS.grid]
+    config = grid_lib.apply_overrides(config, overrides)
     results = FLAGS.results if FLAGS.results != 'results/mqar.json' else default
-    if batched and FLAGS.runs_dir == RUNS_DIR:    # <results' folder>/runs/<results' name>
+    if FLAGS.grid != 'zoology' and FLAGS.runs_dir == RUNS_DIR:   # <results' folder>/runs/<name>
       FLAGS.runs_dir = os.path.join(os.path.dirname(results), 'runs',
                                     os.path.splitext(os.path.basename(results))[0])
     check_outputs(results=results)
@@ -318,7 +329,8 @@ def main(argv):
         check_outputs(page=FLAGS.page, figure=figure)
         check_outputs(figure=zoology_page.state_figure_path(figure))
       check_collect_source(FLAGS.workdir, results)
-      write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
+      write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir,
+                    grid=None if batched else grid)
       if FLAGS.page:
         files = [f for f in ZOOLOGY_RESULTS if os.path.exists(f)]
         if results not in files:
@@ -335,9 +347,9 @@ def main(argv):
       run_batched(config, programs, FLAGS.workdir, results, FLAGS.runs_dir, FLAGS.budget_s,
                   FLAGS.archive)
       return
-    for _, overrides in grid_lib.zoology_plan(FLAGS.workdir)[0]:   # before any compute
+    for _, overrides in grid_lib.zoology_plan(FLAGS.workdir, grid)[0]:   # before any compute
       run_lib.check_config(grid_lib.apply_overrides(config, overrides))
-    run_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir)
+    run_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir, grid=grid)
     return
   if FLAGS.collect_only:
     try:
@@ -369,8 +381,8 @@ if __name__ == '__main__':
                                   lock_config=False)
   flags.DEFINE_string('workdir', None, 'Run folder (with --grid: the grid folder).')
   flags.DEFINE_string('grid', '', f'Run a grid of '
-                      f'{sorted(grid_lib.GRIDS) + ["zoology"] + sorted(grid_lib.BATCHED_GRIDS)} instead of '
-                      'one run (zoology, zoology_batched: with --config=configs/mqar.py:zoology; '
+                      f'{sorted(grid_lib.GRIDS) + sorted(grid_lib.ZOOLOGY_GRIDS) + sorted(grid_lib.BATCHED_GRIDS)} '
+                      'instead of one run (zoology*: with --config=configs/mqar.py:zoology; '
                       'zoology_batched: every (cell, width, method) as one vmapped program, '
                       'for a GPU).')
   flags.DEFINE_string('runs_dir', RUNS_DIR,

@@ -151,6 +151,26 @@ ZOOLOGY = {
 }
 
 
+# The same protocol at 4x the steps (12,000, about 8 epochs of the 100k set; Zoology trains up
+# to 64), on this CPU: at 3,000 steps no linear map left the 1/P plateau at (64, 4), on the
+# CPU or the GPU; does the budget, not the map, hold them there? (64, 4) only, seed 0, the
+# two rates at which the 3,000-step sweep put every linear method's best; the methods the
+# GPU long grid (zoology_batched_long) would run, most telling first (Taylor: Zoology's
+# anchor recalls at this width).
+ZOOLOGY_LONG = dict(
+    ZOOLOGY, sweep_cells=((64, 4),), long_cell=None, learning_rates=(2.154e-3, 1e-2),
+    methods=('taylor', 'hedgehog', 'particles_softmax', 'particles_flow', 'elu',
+             'hedgehog_distilled'),
+    seeds=(0,), deferred=())
+
+# The sequential (one run per worker at a time) grids of the zoology protocol: grid ->
+# (the grid, config overrides of every run, its default results file).
+ZOOLOGY_GRIDS = {
+    'zoology': (ZOOLOGY, {}, 'results/mqar_zoology.json'),
+    'zoology_long': (ZOOLOGY_LONG, {'train.steps': 12000}, 'results/mqar_zoology_long.json'),
+}
+
+
 # The pair that isolates the Coulomb terms: the same mimicry target and Langevin step, with
 # the repulsion felt and the noise on (first) and with λ = 0 and no noise (second).
 COULOMB_PAIR = ('particles_softmax', 'particles_flow')
@@ -198,7 +218,7 @@ def zoology_plan(root: str, grid: dict = None):
   Order: the pilots; the later seeds of ``COULOMB_PAIR`` at a sweep cell as soon as both
   methods' sweeps of that cell are done (the question whether the Coulomb terms change
   anything needs them paired by seed); each sweep cell (methods × rates, seed 0); (256, 16)
-  seed 0 at each method's best rate of (128, 8); seeds 1 and 2 at each method's best rate
+  (the grid's ``long_cell``, where it has one) seed 0 at each method's best rate of (128, 8); seeds 1 and 2 at each method's best rate
   of each sweep cell, then at (256, 16); last, the sweep cells' runs of the grid's
   ``deferred`` methods (where there is one), in the same order. The particles' step size is the pilot's choice for
   the cell (the (256, 16) runs take (128, 8)'s). The best rate of a method is the argmax of
@@ -238,10 +258,10 @@ def zoology_plan(root: str, grid: dict = None):
         rows.append(None if row is None else (row, lr, extra))
       if all(r is not None for r in rows):
         best[(seq_len, num_pairs, method)] = max(rows, key=lambda r: selection_key(r[0]))[1:]
-  long_len, long_pairs = g['long_cell']
   last_len, last_pairs = g['sweep_cells'][-1]
   later = []
-  for seed in g['seeds']:
+  for seed in (g['seeds'] if g['long_cell'] else ()):
+    long_len, long_pairs = g['long_cell']
     for method in g['methods']:
       choice = best.get((last_len, last_pairs, method))
       if choice is None:
@@ -363,10 +383,11 @@ RUN_FIELDS = ('seq_len', 'num_pairs', 'width', 'method', 'learning_rate', 'seed'
 """The binding fields of a ``results/mqar_zoology.json`` run (then the rest of its row)."""
 
 
-def zoology_protocol(config, where: str, batched: bool = False) -> dict:
-  """The settings every run of the grid shares (``config``: configs/mqar.py:zoology);
-  ``batched``: the vmapped grid's (η swept with the rate instead of a pilot)."""
-  protocol = _zoology_protocol(config, where)
+def zoology_protocol(config, where: str, batched: bool = False, grid: dict = None) -> dict:
+  """The settings every run of the grid shares (``config``: configs/mqar.py:zoology, with
+  the grid's overrides); ``batched``: the vmapped grid's (η swept with the rate instead of a
+  pilot); ``grid``: the sequential grid's plan (default ``ZOOLOGY``), for its rates."""
+  protocol = _zoology_protocol(config, where, grid or ZOOLOGY)
   if batched:
     particles = protocol['particles']
     for k in ('pilot_step_sizes', 'pilot_learning_rate', 'pilot_steps'):
@@ -377,11 +398,11 @@ def zoology_protocol(config, where: str, batched: bool = False) -> dict:
   return protocol
 
 
-def _zoology_protocol(config, where: str) -> dict:
+def _zoology_protocol(config, where: str, grid: dict) -> dict:
   d, m, t, p = config.data, config.model, config.train, config.particles
   return {'vocab': d.vocab_size, 'train_examples': d.train_examples, 'steps': t.steps,
           'batch': t.batch_size, 'early_stop': t.early_stop,
-          'learning_rates': sorted(ZOOLOGY['learning_rates']), 'where': where,
+          'learning_rates': sorted(grid['learning_rates']), 'where': where,
           'schedule': t.schedule, 'weight_decay': t.weight_decay, 'eval_every': t.eval_every,
           'num_valid': d.num_valid, 'num_eval': d.num_eval, 'power_a': d.power_a,
           'num_layers': m.num_layers, 'num_heads': m.num_heads, 'mlp_ratio': m.mlp_ratio,
@@ -389,9 +410,9 @@ def _zoology_protocol(config, where: str) -> dict:
           'particles': {'relative_lam': p.relative_lam, 'drift_to_noise': p.drift_to_noise,
                         'radius': p.radius, 'clip_norm': p.clip_norm, 'target': p.target,
                         'rows': p.rows, 'riesz_s': p.riesz_s,
-                        'pilot_step_sizes': list(ZOOLOGY['pilot_step_sizes']),
-                        'pilot_learning_rate': ZOOLOGY['pilot_learning_rate'],
-                        'pilot_steps': ZOOLOGY['pilot_steps']}}
+                        'pilot_step_sizes': list(grid['pilot_step_sizes']),
+                        'pilot_learning_rate': grid['pilot_learning_rate'],
+                        'pilot_steps': grid['pilot_steps']}}
 
 
 def zoology_rows(root: str):

@@ -282,3 +282,27 @@ def test_a_deferred_methods_sweep_runs_go_last_and_its_long_cell_does_not(tmp_pa
   assert names[-len(last):] == last and len(last) == 2 + 2 + 1     # 2 sweeps + taylor's seed 1
   assert names[:-len(last)] == [n for n in undeferred if n not in last]
   assert names.index('taylor-L24-P3-w16-lr1.0e-02-seed0') < len(names) - len(last)
+
+
+def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_steps(tmp_path):
+  long_grid, overrides, results = grid.ZOOLOGY_GRIDS['zoology_long']
+  assert overrides == {'train.steps': 4 * mqar_config.get_config('zoology').train.steps}
+  assert results == 'results/mqar_zoology_long.json'
+  planned, waiting = grid.zoology_plan(str(tmp_path), long_grid)
+  pilots = ['pilot/particles_softmax-L64-P4-w64-eta1e-03',
+            'pilot/particles_softmax-L64-P4-w64-eta3e-03',
+            'pilot/particles_softmax-L64-P4-w64-eta1e-02']
+  assert [n for n, _ in planned][:3] == pilots and waiting == 2 * 2   # the Langevin pair's rates
+  for name in pilots:                         # every pilot done: η = 3e-3 chosen
+    (tmp_path / name).mkdir(parents=True)
+    (tmp_path / name / 'result.json').write_text(json.dumps(
+        {'valid_accuracy': 0.3 if 'eta3e-03' in name else 0.2, 'valid_loss': 1.0}))
+  planned, waiting = grid.zoology_plan(str(tmp_path), long_grid)
+  runs = [o for n, o in planned if not n.startswith('pilot/')]
+  assert waiting == 0 and len(runs) == len(long_grid['methods']) * 2
+  assert {(o['data.seq_len'], o['data.num_pairs'], o['seed']) for o in runs} == {(64, 4, 0)}
+  assert {o['train.learning_rate'] for o in runs} == {2.154e-3, 1e-2}
+  assert {o.get('particles.step_size') for o in runs if o['method'].startswith('particles')} == {3e-3}
+  protocol = grid.zoology_protocol(grid.apply_overrides(mqar_config.get_config('zoology'),
+                                                        overrides), 'cpu', grid=long_grid)
+  assert protocol['steps'] == 12000 and protocol['learning_rates'] == [2.154e-3, 1e-2]

@@ -234,7 +234,7 @@ def test_the_committed_zoology_block_is_the_committed_results_files(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('grid', ['', 'zoology'])
+@pytest.mark.parametrize('grid', ['', 'zoology', 'zoology_long'])
 def test_a_bad_page_or_figure_changes_no_file(tmp_path, grid):
   # Issue 39 item 1: the committed figure and page are untouched by a failing command.
   committed = [os.path.join(ROOT, 'docs', 'figures', 'recall_accuracy_vs_length.png'),
