@@ -39,7 +39,7 @@ neither module imports flax.
 """
 
 import math
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp

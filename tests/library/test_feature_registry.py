@@ -1,7 +1,6 @@
 """One feature-map registry (issue 37 item 2): a map registered at run time works in every
 ``feature_map=`` of the library, bit for bit where it shares a log ψ with a library map."""
 
-import contextlib
 
 import jax
 import jax.numpy as jnp

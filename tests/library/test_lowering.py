@@ -336,7 +336,6 @@ def test_hamiltonian_precision_reaches_every_product_and_leaves_cpu_values(fn):
   f = getattr(hl, fn)
   call = lambda p: (lambda w: f(w, X, Y, feature_map='favor', lam=0.5, s='coulomb',
                                 precision=p))
-  highest = (jax.lax.Precision.HIGHEST,) * 2
   for g in (call('highest'), jax.grad(lambda w: call('highest')(w).sum())):
     text = _lower(g, W, platform='tpu')
     assert text.count('dot_general') == text.count('precision = [HIGHEST, HIGHEST]') > 0

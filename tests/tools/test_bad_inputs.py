@@ -619,7 +619,6 @@ def test_bad_command_line_ends_in_one_line_naming_the_value(program, argv, match
 
 def test_unset_data_folder_names_where_it_looked(tmp_path, monkeypatch):
   from configs import rotten_tomatoes  # pylint: disable=g-import-not-at-top
-  from experiments.run import train_config  # pylint: disable=g-import-not-at-top
   config = rotten_tomatoes.get_config('softmax')
   assert config.data.data_dir == ''
   monkeypatch.setenv('COULOMB_JAX_DATA', str(tmp_path / 'missing'))

@@ -9,7 +9,6 @@ import sys
 import tarfile
 import time
 
-import jax
 import numpy as np
 import pytest
 from scipy import stats
