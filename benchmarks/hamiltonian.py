@@ -139,11 +139,11 @@ def main(argv):
                                                   ('naive_max_n', _NAIVE_MAX_N.value))),
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': provenance.git_commit(), 'machine': provenance.machine(), 'rows': rows}
-  text = markdown(record)
-  print(text)
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, f'hamiltonian_{_MAP.value}')
-  provenance.write_json_atomic(stem + '.json', record, indent=1)
+  provenance.write_json_atomic(stem + '.json', record, indent=1)   # first: what was measured
+  text = markdown(record)
+  print(text)
   provenance.write_atomic(stem + '.md', text)
 
 

@@ -240,11 +240,11 @@ def main(argv):
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': provenance.git_commit(), 'machine': provenance.machine(),
             'objective': objective, 'steps': steps, 'runs': runs}
-  text = markdown(record)
-  print(text)
   os.makedirs(_OUT.value, exist_ok=True)
   stem = os.path.join(_OUT.value, 'phase_a')
-  provenance.write_json_atomic(stem + '.json', record, indent=1)
+  provenance.write_json_atomic(stem + '.json', record, indent=1)   # first: what was measured
+  text = markdown(record)
+  print(text)
   provenance.write_atomic(stem + '.md', text)
 
 

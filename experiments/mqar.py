@@ -115,25 +115,57 @@ def run_grid(config, name: str, root: str, results: str, log=run_lib.log_line) -
   return made
 
 
+def check_budget(runs, pilots, steps: int, pilot_steps, flag: str, source: str) -> None:
+  """One ``cli.ConfigError`` naming ``flag`` when a row of ``runs`` (read from ``source``) was
+  trained for other than ``steps`` steps, or a pilot for other than ``pilot_steps``: two
+  grids of one protocol at two budgets share run names, so never a folder or a results file."""
+  for rows, want in ((runs, steps), (pilots, pilot_steps)):
+    for r in rows:
+      if r.get('steps') != want:
+        raise cli.ConfigError(
+            f'{flag}: {source} holds {grid_lib.zoology_row_name(r)} trained for '
+            f'{r.get("steps")} steps, this grid runs {want}: another budget\'s runs (give '
+            f'this grid its own {flag}). Nothing was run or written.')
+
+
+def read_zoology_file(path: str):
+  """``(runs, pilots, failed programs)`` of a zoology grid's results file; one
+  ``cli.ConfigError`` naming ``--results`` if it is not one."""
+  try:
+    with open(path) as f:
+      old = json.load(f)
+    if not isinstance(old, dict):
+      raise TypeError(f'a JSON {type(old).__name__}, not an object')
+    return old['runs'], old.get('pilots', []), old.get('failed_programs', [])
+  except (json.JSONDecodeError, KeyError, TypeError) as e:
+    raise cli.ConfigError(f'--results: {path}: not a results file of this grid ({e!r}); '
+                          'nothing was written.') from None
+
+
+def check_sources(config, root: str, results: str, grid=None) -> None:
+  """``check_budget`` of the finished runs under ``root`` and of those ``results`` holds
+  (``grid``: the grid's plan, for its pilots' steps), before a grid restores, runs or
+  writes anything."""
+  pilot_steps = (grid or grid_lib.ZOOLOGY).get('pilot_steps')
+  check_budget(*grid_lib.zoology_rows(root), config.train.steps, pilot_steps, '--workdir',
+               root)
+  if os.path.exists(results):
+    check_budget(*read_zoology_file(results)[:2], config.train.steps, pilot_steps,
+                 '--results', results)
+
+
 def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_line,
                   grid=None) -> int:
-  """``path`` (the binding results/mqar_zoology.json) and one file per run in ``runs_dir``
-  from every finished run under ``root``, keeping the runs ``path`` holds that ``root``
-  lacks (a run in both is taken from ``root``); ``grid``: the sequential grid's plan
-  (``grid_lib.ZOOLOGY_GRIDS``; default ``grid_lib.ZOOLOGY``), for the protocol's rates."""
+  """``path`` (a zoology grid's results file, e.g. the binding results/mqar_zoology.json) and
+  one file per run in ``runs_dir`` from every finished run under ``root``, keeping the runs
+  ``path`` holds that ``root`` lacks (a run in both is taken from ``root``); ``grid``: the
+  grid's plan (``grid_lib.ZOOLOGY_GRIDS``, ``BATCHED_GRIDS``; default ``grid_lib.ZOOLOGY``),
+  for the protocol's rates. Rows of another budget are refused (``check_sources``)."""
+  check_sources(config, root, path, grid)
   runs, pilots = grid_lib.zoology_rows(root)
   old_failed = []
   if os.path.exists(path):
-    try:
-      with open(path) as f:
-        old = json.load(f)
-      if not isinstance(old, dict):
-        raise TypeError(f'a JSON {type(old).__name__}, not an object')
-      old_runs, old_pilots = old['runs'], old.get('pilots', [])
-      old_failed = old.get('failed_programs', [])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-      raise cli.ConfigError(f'--results: {path}: not a results file of this grid ({e!r}); '
-                            'nothing was written.') from None
+    old_runs, old_pilots, old_failed = read_zoology_file(path)
     for new, kept in ((runs, old_runs), (pilots, old_pilots)):
       have = {grid_lib.zoology_key(r) for r in new}
       new.extend(r for r in kept if grid_lib.zoology_key(r) not in have)
@@ -194,6 +226,7 @@ def run_zoology(config, root: str, results: str, runs_dir: str, log=run_lib.log_
   """Every run of ``grid_lib.zoology_plan`` (of ``grid``, default ``grid_lib.ZOOLOGY``) as
   its prerequisites finish; several workers share ``root`` (runs claimed by lock). Returns
   how many this worker made."""
+  check_sources(config, root, results, grid)
   metadata = provenance.run_metadata('experiments.mqar')
   restored = restore_finished(root, results)
   if restored:
@@ -239,11 +272,12 @@ def archive_runs(root: str, path: str) -> None:
 
 
 def run_batched(config, programs, root: str, results: str, runs_dir: str, budget_s: float,
-                archive: str, log=run_lib.log_line) -> int:
+                archive: str, log=run_lib.log_line, grid=None) -> int:
   """A batched grid's ``programs`` (``grid_lib.batched_programs``) in order until
   ``budget_s`` − 60 s, none training past ``budget_s``; after each program ``--results``,
   the per-run files and, if given, ``archive`` are rewritten."""
   start = time.time()
+  check_sources(config, root, results, grid)
   restored = restore_finished(root, results)
   if restored:
     log(f'{root}: {restored} finished runs restored from {results}')
@@ -252,7 +286,7 @@ def run_batched(config, programs, root: str, results: str, runs_dir: str, budget
     limits = {'stop_starting_at': start + budget_s - 60, 'deadline': start + budget_s}
 
   def after():
-    write_zoology(config, root, results, runs_dir, log)
+    write_zoology(config, root, results, runs_dir, log, grid)
     if archive:
       archive_runs(root, archive)
   return batched_lib.run_programs(config, root, programs, log, after_program=after, **limits)
@@ -312,13 +346,19 @@ def main(argv):
   batched = FLAGS.grid in grid_lib.BATCHED_GRIDS
   if FLAGS.grid in grid_lib.ZOOLOGY_GRIDS or batched:
     if batched:
-      spec = grid_lib.BATCHED_GRIDS[FLAGS.grid]
-      overrides, default = spec.get('overrides', {}), spec['results']
+      grid = grid_lib.BATCHED_GRIDS[FLAGS.grid]
+      overrides, default = grid.get('overrides', {}), grid['results']
     else:
       grid, overrides, default = grid_lib.ZOOLOGY_GRIDS[FLAGS.grid]
+    given = FLAGS['config'].override_values
+    for field in overrides:           # the grid's own budget: never silently replaced
+      if field in given:
+        raise cli.ConfigError(f'--config.{field}={given[field]}: the grid {FLAGS.grid} sets '
+                              f'{field} = {overrides[field]} itself; drop the flag. Nothing '
+                              'was run or written.')
     config = grid_lib.apply_overrides(config, overrides)
     results = FLAGS.results if FLAGS.results != 'results/mqar.json' else default
-    if FLAGS.grid != 'zoology' and FLAGS.runs_dir == RUNS_DIR:   # <results' folder>/runs/<name>
+    if not FLAGS['runs_dir'].present:             # <results' folder>/runs/<results' name>
       FLAGS.runs_dir = os.path.join(os.path.dirname(results), 'runs',
                                     os.path.splitext(os.path.basename(results))[0])
     check_outputs(results=results)
@@ -329,8 +369,7 @@ def main(argv):
         check_outputs(page=FLAGS.page, figure=figure)
         check_outputs(figure=zoology_page.state_figure_path(figure))
       check_collect_source(FLAGS.workdir, results)
-      write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir,
-                    grid=None if batched else grid)
+      write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir, grid=grid)
       if FLAGS.page:
         files = [f for f in ZOOLOGY_RESULTS if os.path.exists(f)]
         if results not in files:
@@ -340,12 +379,12 @@ def main(argv):
     if batched:
       if FLAGS.archive:
         check_outputs(archive=FLAGS.archive)
-      programs = grid_lib.batched_programs(grid_lib.BATCHED_GRIDS[FLAGS.grid])
+      programs = grid_lib.batched_programs(grid)
       for _, overrides, specs in programs:                          # before any compute
         batched_lib.check_program(grid_lib.apply_overrides(config, overrides),
                                   [batched_lib.Spec(*s) for s in specs])
       run_batched(config, programs, FLAGS.workdir, results, FLAGS.runs_dir, FLAGS.budget_s,
-                  FLAGS.archive)
+                  FLAGS.archive, grid=grid)
       return
     for _, overrides in grid_lib.zoology_plan(FLAGS.workdir, grid)[0]:   # before any compute
       run_lib.check_config(grid_lib.apply_overrides(config, overrides))
@@ -386,8 +425,9 @@ if __name__ == '__main__':
                       'zoology_batched: every (cell, width, method) as one vmapped program, '
                       'for a GPU).')
   flags.DEFINE_string('runs_dir', RUNS_DIR,
-                      'With --grid=zoology: the folder of one JSON per finished run '
-                      '(a batched grid: <--results\' folder>/runs/<--results\' name>).')
+                      'With a zoology grid (zoology, zoology_long, a batched one): the folder '
+                      'of one JSON per finished run (default: <--results\' folder>/runs/'
+                      '<--results\' name>; results/runs/mqar_zoology for --grid=zoology).')
   flags.DEFINE_float('budget_s', 0.0, 'With --grid=zoology_batched: no program starts after '
                      'budget_s - 60 s and none trains past budget_s (0: no limit).')
   flags.DEFINE_string('archive', '', 'With --grid=zoology_batched: a .tar.gz of every run\'s '
@@ -395,7 +435,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('results', 'results/mqar.json', 'Results file the grid rewrites.')
   flags.DEFINE_bool('collect_only', False, 'Only rewrite --results from the finished runs.')
   flags.DEFINE_string('page', '', 'With --collect_only: also redraw the figure and table of '
-                      'this page (docs/recall.md); with --grid=zoology or a batched grid, its '
+                      'this page (docs/recall.md); with a zoology grid (zoology, zoology_long, '
+                      'a batched one), its '
                       'mqar_zoology block from every results file of ZOOLOGY_RESULTS there is.')
   flags.DEFINE_string('figure', 'docs/figures/recall_accuracy_vs_length.png',
                       'The figure --page draws (zoology grids: ' + zoology_page.FIGURE +

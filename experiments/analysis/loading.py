@@ -303,7 +303,11 @@ def rewrite_page_beside(out: str, stem: str, markdown: Callable[[dict], str]) ->
   if not os.path.isfile(path):
     raise cli.ConfigError(f'--out: {path!r} is not a file (--page_from_results reads it).')
   try:
-    text = markdown(read_json(path))
+    record = read_json(path)
+  except cli.ConfigError as e:
+    raise cli.ConfigError(f'--out: {e}') from None
+  try:
+    text = markdown(record)
   except (KeyError, IndexError, TypeError, ValueError, StopIteration) as e:
     raise cli.ConfigError(f'--out: {path}: it cannot give the page ({e!r}).') from None
   page = os.path.join(out, stem + '.md')

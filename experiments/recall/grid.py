@@ -142,11 +142,11 @@ ZOOLOGY = {
     'pilot_step_sizes': (1e-3, 3e-3, 1e-2),
     'pilot_learning_rate': 2.154e-3,
     'pilot_steps': 1000,
-    # Runs at the sweep cells of these methods go after every other run, (256, 16) included:
-    # the GPU grid ran them at every rate and seed of both sweep cells
-    # (results/mqar_zoology_gpu.json; 24 CPU twins agreed, docs/recall.md), so on this CPU
-    # they add least. The methods it did not run (the Coulomb pair, the distilled Hedgehog)
-    # and the (256, 16) cell come first.
+    # Runs at the sweep cells of these methods go after every other run: the GPU grid ran
+    # them at every rate and seed of both sweep cells (results/mqar_zoology_gpu.json; 24 CPU
+    # twins agreed, docs/recall.md), so on this CPU they add least. The methods it did not
+    # run (the Coulomb pair, the distilled Hedgehog) come first, with their (256, 16) runs;
+    # a deferred method's (256, 16) runs wait on its (128, 8) sweep, so they come last too.
     'deferred': ('hedgehog', 'elu', 'taylor', 'favor_orthogonal', 'softmax'),
 }
 
@@ -386,13 +386,15 @@ RUN_FIELDS = ('seq_len', 'num_pairs', 'width', 'method', 'learning_rate', 'seed'
 def zoology_protocol(config, where: str, batched: bool = False, grid: dict = None) -> dict:
   """The settings every run of the grid shares (``config``: configs/mqar.py:zoology, with
   the grid's overrides); ``batched``: the vmapped grid's (η swept with the rate instead of a
-  pilot); ``grid``: the sequential grid's plan (default ``ZOOLOGY``), for its rates."""
-  protocol = _zoology_protocol(config, where, grid or ZOOLOGY)
+  pilot); ``grid``: the grid's plan, for its rates and step sizes (default ``ZOOLOGY``, or
+  ``ZOOLOGY_BATCHED`` when ``batched``)."""
+  grid = grid or (ZOOLOGY_BATCHED if batched else ZOOLOGY)
+  protocol = _zoology_protocol(config, where, dict(ZOOLOGY, **grid) if batched else grid)
   if batched:
     particles = protocol['particles']
     for k in ('pilot_step_sizes', 'pilot_learning_rate', 'pilot_steps'):
       del particles[k]
-    particles['step_sizes'] = list(ZOOLOGY_BATCHED['step_sizes'])
+    particles['step_sizes'] = list(grid['step_sizes'])
     protocol['program'] = ('every (cell, width, method) one jax.vmap over its runs '
                            '(experiments/recall/batched.py)')
   return protocol

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +13,8 @@ from experiments.common import cli
 from experiments.recall import grid
 from experiments.recall import methods
 from experiments.recall import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def quick(method='softmax'):
@@ -228,7 +232,7 @@ def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tm
   assert mqar_cmd.run_zoology(config, root, results, runs_dir, log=lambda *_: None,
                               poll_seconds=0.0, grid=tiny) == 0
   assert mqar_cmd.write_zoology(config, str(tmp_path / 'empty'), results, runs_dir,
-                                log=lambda *_: None) == 10
+                                log=lambda *_: None, grid=tiny) == 10
   # A new machine: the run folders are gone, the committed file restores them.
   assert mqar_cmd.run_zoology(config, str(tmp_path / 'new'), results, runs_dir,
                               log=lambda *_: None, poll_seconds=0.0, grid=tiny) == 0
@@ -306,3 +310,37 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
   protocol = grid.zoology_protocol(grid.apply_overrides(mqar_config.get_config('zoology'),
                                                         overrides), 'cpu', grid=long_grid)
   assert protocol['steps'] == 12000 and protocol['learning_rates'] == [2.154e-3, 1e-2]
+
+
+def test_a_grid_refuses_runs_and_results_of_another_budget_before_any_write(tmp_path):
+  # zoology and zoology_long give one (64, 4) run one name: a folder or results file of
+  # 3,000-step runs is never taken as the long grid's (nor the other way round).
+  long_grid, overrides, _ = grid.ZOOLOGY_GRIDS['zoology_long']
+  config = grid.apply_overrides(mqar_config.get_config('zoology'), overrides)
+  row = {'seq_len': 64, 'num_pairs': 4, 'width': 64, 'method': 'taylor', 'seed': 0,
+         'learning_rate': 2.154e-3, 'steps': 3000, 'valid_accuracy': 0.2, 'valid_loss': 1.0}
+  root = tmp_path / 'grid'
+  (root / grid.zoology_row_name(row)).mkdir(parents=True)
+  (root / grid.zoology_row_name(row) / 'result.json').write_text(json.dumps(row))
+  results, runs_dir = tmp_path / 'long.json', tmp_path / 'runs'
+  with pytest.raises(cli.ConfigError, match=r'^--workdir: .*taylor-L64-P4-w64-lr2\.2e-03-seed0 '
+                                            r'trained for 3000 steps, this grid runs 12000'):
+    mqar_cmd.run_zoology(config, str(root), str(results), str(runs_dir), log=lambda *_: None,
+                         grid=long_grid)
+  assert not results.exists() and not runs_dir.exists()
+  results.write_text(json.dumps({'protocol': {}, 'runs': [row], 'pilots': []}))
+  with pytest.raises(cli.ConfigError, match=r'^--results: .*trained for 3000 steps'):
+    mqar_cmd.run_zoology(config, str(tmp_path / 'empty'), str(results), str(runs_dir),
+                         log=lambda *_: None, grid=long_grid)
+  assert not (tmp_path / 'empty').exists() and not runs_dir.exists()
+
+
+def test_the_long_grid_refuses_a_steps_flag_it_would_replace(tmp_path):
+  out = subprocess.run([sys.executable, '-m', 'experiments.mqar',
+                        '--config=configs/mqar.py:zoology', '--grid=zoology_long',
+                        '--config.train.steps=50', f'--workdir={tmp_path / "w"}'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2 and lines[-1].startswith(
+      'mqar: error: --config.train.steps=50: the grid zoology_long sets train.steps = 12000'), lines
+  assert not os.listdir(tmp_path)

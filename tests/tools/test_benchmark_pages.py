@@ -83,3 +83,26 @@ def test_a_missing_record_is_one_line_naming_out(tmp_path):
   assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
   assert lines[0].startswith('phase_a: error: --out:') and 'phase_a.json' in lines[0]
   assert not os.listdir(tmp_path)
+
+
+def test_a_measured_page_is_the_page_of_its_own_record(tmp_path):
+  # A tiny measuring run: its page equals --page_from_results of the JSON it wrote, so the
+  # command string the record keeps and the page's reading of it cannot drift apart.
+  out = _run('hamiltonian', '--feature_map=favor', '--n=4,6', '--num_particles=2', '--dim=2',
+             '--repeats=1', '--naive_max_n=4', f'--out={tmp_path}')
+  assert out.returncode == 0, out.stderr[-2000:]
+  measured = (tmp_path / 'hamiltonian_favor.md').read_bytes()
+  assert b'| 2 | 6 |' in measured and '| – |'.encode() in measured   # naive skipped at n = 6
+  (tmp_path / 'hamiltonian_favor.md').unlink()
+  out = _run('hamiltonian', '--page_from_results', '--feature_map=favor', f'--out={tmp_path}')
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert (tmp_path / 'hamiltonian_favor.md').read_bytes() == measured
+
+
+def test_a_corrupt_record_is_one_line_naming_out(tmp_path):
+  (tmp_path / 'phase_a.json').write_text('{not json', encoding='utf-8')
+  out = _run('phase_a', '--page_from_results', f'--out={tmp_path}')
+  lines = out.stderr.splitlines()
+  assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+  assert lines[0].startswith('phase_a: error: --out:') and 'not valid JSON' in lines[0]
+  assert os.listdir(tmp_path) == ['phase_a.json']
