@@ -152,16 +152,15 @@ ZOOLOGY = {
 
 
 # The same protocol at 4x the steps (12,000, about 8 epochs of the 100k set; Zoology trains up
-# to 64), on this CPU: at 3,000 steps no linear map left the 1/P plateau at (64, 4), on the
-# CPU or the GPU; does the budget, not the map, hold them there? (64, 4) only, seed 0, the
-# two rates at which the 3,000-step sweep put every linear method's best; the methods the
-# GPU long grid (zoology_batched_long) would run, most telling first (Taylor: Zoology's
-# anchor recalls at this width).
+# to 64) on this CPU: does the budget, not the map, hold the linear maps at 1/P? (64, 4),
+# seed 0, the two rates of every linear method's 3,000-step best; Taylor (Zoology's anchor)
+# first, then every method at 2.15e-3 before any at 1e-2 (rates_first: the Coulomb pair
+# compared at one rate as early as possible).
 ZOOLOGY_LONG = dict(
     ZOOLOGY, sweep_cells=((64, 4),), long_cell=None, learning_rates=(2.154e-3, 1e-2),
-    methods=('taylor', 'hedgehog', 'particles_softmax', 'particles_flow', 'elu',
+    methods=('taylor', 'particles_softmax', 'particles_flow', 'hedgehog', 'elu',
              'hedgehog_distilled'),
-    seeds=(0,), deferred=())
+    seeds=(0,), deferred=(), rates_first=True)
 
 # The sequential (one run per worker at a time) grids of the zoology protocol: grid ->
 # (the grid, config overrides of every run, its default results file).
@@ -217,11 +216,12 @@ def zoology_plan(root: str, grid: dict = None):
 
   Order: the pilots; the later seeds of ``COULOMB_PAIR`` at a sweep cell as soon as both
   methods' sweeps of that cell are done (the question whether the Coulomb terms change
-  anything needs them paired by seed); each sweep cell (methods × rates, seed 0); (256, 16)
+  anything needs them paired by seed); each sweep cell (methods × rates, seed 0; rates ×
+  methods where the grid says ``rates_first``); (256, 16)
   (the grid's ``long_cell``, where it has one) seed 0 at each method's best rate of (128, 8); seeds 1 and 2 at each method's best rate
   of each sweep cell, then at (256, 16); last, the sweep cells' runs of the grid's
-  ``deferred`` methods (where there is one), in the same order. The particles' step size is the pilot's choice for
-  the cell (the (256, 16) runs take (128, 8)'s). The best rate of a method is the argmax of
+  ``deferred`` methods, in the same order. The particles' step size is the pilot's choice
+  for the cell (the (256, 16) runs take (128, 8)'s). The best rate of a method is the argmax of
   ``selection_key`` over its seed-0 runs (validation batch, never the test batch).
   """
   g = grid or ZOOLOGY
@@ -242,22 +242,25 @@ def zoology_plan(root: str, grid: dict = None):
       eta[(seq_len, num_pairs)] = max(rows, key=lambda r: selection_key(r[0]))[1]
   best = {}
   for seq_len, num_pairs in g['sweep_cells']:
-    for method in g['methods']:
-      rows = []
-      for lr in g['learning_rates']:
-        extra = {'train.learning_rate': lr}
-        if method in methods.LANGEVIN_METHODS:
-          if (seq_len, num_pairs) not in eta:
-            waiting += 1
-            rows.append(None)
-            continue
-          extra['particles.step_size'] = eta[(seq_len, num_pairs)]
-        name = zoology_name(method, seq_len, num_pairs, w, lr, 0)
-        runs.append((name, _cell(seq_len, num_pairs, w, method=method, seed=0, **extra)))
-        row = _read(root, name)
-        rows.append(None if row is None else (row, lr, extra))
-      if all(r is not None for r in rows):
-        best[(seq_len, num_pairs, method)] = max(rows, key=lambda r: selection_key(r[0]))[1:]
+    rows = {m: [] for m in g['methods']}
+    order = ([(m, lr) for lr in g['learning_rates'] for m in g['methods']]
+             if g.get('rates_first') else
+             [(m, lr) for m in g['methods'] for lr in g['learning_rates']])
+    for method, lr in order:
+      extra = {'train.learning_rate': lr}
+      if method in methods.LANGEVIN_METHODS:
+        if (seq_len, num_pairs) not in eta:
+          waiting += 1
+          rows[method].append(None)
+          continue
+        extra['particles.step_size'] = eta[(seq_len, num_pairs)]
+      name = zoology_name(method, seq_len, num_pairs, w, lr, 0)
+      runs.append((name, _cell(seq_len, num_pairs, w, method=method, seed=0, **extra)))
+      row = _read(root, name)
+      rows[method].append(None if row is None else (row, lr, extra))
+    for method, found in rows.items():
+      if all(r is not None for r in found):
+        best[(seq_len, num_pairs, method)] = max(found, key=lambda r: selection_key(r[0]))[1:]
   last_len, last_pairs = g['sweep_cells'][-1]
   later = []
   for seed in (g['seeds'] if g['long_cell'] else ()):

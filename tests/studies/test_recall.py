@@ -306,6 +306,9 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
   assert waiting == 0 and len(runs) == len(long_grid['methods']) * 2
   assert {(o['data.seq_len'], o['data.num_pairs'], o['seed']) for o in runs} == {(64, 4, 0)}
   assert {o['train.learning_rate'] for o in runs} == {2.154e-3, 1e-2}
+  # rates_first: every method at 2.15e-3, in the grid's method order, before any at 1e-2.
+  assert [(o['method'], o['train.learning_rate']) for o in runs] == (
+      [(m, 2.154e-3) for m in long_grid['methods']] + [(m, 1e-2) for m in long_grid['methods']])
   assert {o.get('particles.step_size') for o in runs if o['method'].startswith('particles')} == {3e-3}
   protocol = grid.zoology_protocol(grid.apply_overrides(mqar_config.get_config('zoology'),
                                                         overrides), 'cpu', grid=long_grid)
