@@ -10,8 +10,6 @@ rewrites the page from the committed JSON alone, byte for byte, with nothing mea
 import shlex
 from typing import Callable, Sequence
 
-from absl import flags
-
 from experiments.analysis import loading
 from experiments.common import cli
 
@@ -31,10 +29,5 @@ def rewrite_page(out: str, stem: str, markdown: Callable[[dict], str],
   Refused in one ``cli.ConfigError`` before any write: a flag of ``run_flags`` given on the
   command line, whatever its value (it would change what is measured); then
   ``loading.rewrite_page_beside``'s refusals. Returns the page's path."""
-  for name in run_flags:
-    flag = flags.FLAGS[name]
-    if flag.present:
-      value = ','.join(map(str, flag.value)) if isinstance(flag.value, list) else flag.value
-      raise cli.ConfigError(f'--page_from_results writes only the page from --out; drop '
-                            f'--{name}={value}.')
+  cli.refuse_beside_page_from_results('--out', run_flags, any_value=True)
   return loading.rewrite_page_beside(out, stem, markdown)

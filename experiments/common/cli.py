@@ -54,14 +54,16 @@ def check_names(field: str, value, allowed: Sequence[str]) -> None:
 
 
 def refuse_beside_page_from_results(source: str, names: Sequence[str], config=None,
-                                    default=None, keep: Sequence[str] = ()) -> None:
+                                    default=None, keep: Sequence[str] = (),
+                                    any_value: bool = False) -> None:
   """``--page_from_results`` reads ``source`` (a flag, e.g. ``'--out'``) alone and writes only
   the page: one ``ConfigError`` naming the first flag of ``names`` given on the command line
-  (a bool given as false aside), or else the first field of ``config`` outside ``keep`` that
-  differs from ``default`` (a config that would change what is computed)."""
+  (a bool given as false aside, unless ``any_value``: a bool whose false also changes what is
+  computed), or else the first field of ``config`` outside ``keep`` that differs from
+  ``default`` (a config that would change what is computed)."""
   for name in names:
     flag = flags.FLAGS[name]
-    if flag.present and flag.value is not False:
+    if flag.present and (any_value or flag.value is not False):
       value = ','.join(map(str, flag.value)) if isinstance(flag.value, list) else flag.value
       raise ConfigError(f'--page_from_results writes only the page from {source}; drop '
                         f'--{name}={value}.')
