@@ -44,6 +44,7 @@ from experiments.recall import batched as batched_lib
 from experiments.recall import grid as grid_lib
 from experiments.recall import page as page_lib
 from experiments.recall import run as run_lib
+from experiments.recall import zoology
 from experiments.recall import zoology_page
 
 FLAGS = flags.FLAGS
@@ -123,7 +124,7 @@ def check_budget(runs, pilots, steps: int, pilot_steps, flag: str, source: str) 
     for r in rows:
       if r.get('steps') != want:
         raise cli.ConfigError(
-            f'{flag}: {source} holds {grid_lib.zoology_row_name(r)} trained for '
+            f'{flag}: {source} holds {zoology.zoology_row_name(r)} trained for '
             f'{r.get("steps")} steps, this grid runs {want}: another budget\'s runs (give '
             f'this grid its own {flag}). Nothing was run or written.')
 
@@ -146,8 +147,8 @@ def check_sources(config, root: str, results: str, grid=None) -> None:
   """``check_budget`` of the finished runs under ``root`` and of those ``results`` holds
   (``grid``: the grid's plan, for its pilots' steps), before a grid restores, runs or
   writes anything."""
-  pilot_steps = (grid or grid_lib.ZOOLOGY).get('pilot_steps')
-  check_budget(*grid_lib.zoology_rows(root), config.train.steps, pilot_steps, '--workdir',
+  pilot_steps = (grid or zoology.ZOOLOGY).get('pilot_steps')
+  check_budget(*zoology.zoology_rows(root), config.train.steps, pilot_steps, '--workdir',
                root)
   if os.path.exists(results):
     check_budget(*read_zoology_file(results)[:2], config.train.steps, pilot_steps,
@@ -159,29 +160,29 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
   """``path`` (a zoology grid's results file, e.g. the binding results/mqar_zoology.json) and
   one file per run in ``runs_dir`` from every finished run under ``root``, keeping the runs
   ``path`` holds that ``root`` lacks (a run in both is taken from ``root``); ``grid``: the
-  grid's plan (``grid_lib.ZOOLOGY_GRIDS``, ``BATCHED_GRIDS``; default ``grid_lib.ZOOLOGY``),
+  grid's plan (``zoology.ZOOLOGY_GRIDS``, ``BATCHED_GRIDS``; default ``zoology.ZOOLOGY``),
   for the protocol's rates. Rows of another budget are refused (``check_sources``)."""
   check_sources(config, root, path, grid)
-  runs, pilots = grid_lib.zoology_rows(root)
+  runs, pilots = zoology.zoology_rows(root)
   old_failed = []
   if os.path.exists(path):
     old_runs, old_pilots, old_failed = read_zoology_file(path)
     for new, kept in ((runs, old_runs), (pilots, old_pilots)):
-      have = {grid_lib.zoology_key(r) for r in new}
-      new.extend(r for r in kept if grid_lib.zoology_key(r) not in have)
+      have = {zoology.zoology_key(r) for r in new}
+      new.extend(r for r in kept if zoology.zoology_key(r) not in have)
   if not runs and not pilots:
     raise cli.ConfigError(f'--workdir: {root} holds no finished run of this grid, and '
                           f'--results {path} none either.')
   where = '+'.join(sorted({r.get('machine', {}).get('platform', 'cpu') for r in runs + pilots}))
   batched = any('runs_in_program' in r for r in runs)
-  table = grid_lib.zoology_file(runs, pilots,
-                                grid_lib.zoology_protocol(config, where, batched, grid))
+  table = zoology.zoology_file(runs, pilots,
+                                zoology.zoology_protocol(config, where, batched, grid))
   failed = {f['program']: f for f in old_failed}
   for path_ in sorted(glob.glob(os.path.join(root, 'programs', '*', batched_lib.FAILED_FILE))):
     with open(path_) as f:
       entry = json.load(f)
     failed[entry['program']] = entry
-  ran = {grid_lib.zoology_row_name(r).rsplit('-lr', 1)[0] + (
+  ran = {zoology.zoology_row_name(r).rsplit('-lr', 1)[0] + (
       f'-eta{r["particle_step_size"]:.0e}' if 'runs_in_program' in r and 'particle_step_size' in r
       else '') for r in table['runs']}
   failed = {k: v for k, v in failed.items() if k not in ran}     # a later try succeeded
@@ -189,7 +190,7 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
     table['failed_programs'] = [failed[k] for k in sorted(failed)]
   os.makedirs(runs_dir, exist_ok=True)
   for r in table['runs'] + table['pilots']:
-    name = grid_lib.zoology_row_name(r)
+    name = zoology.zoology_row_name(r)
     if r in table['pilots']:
       name = f'pilot-{name}-eta{r["particle_step_size"]:.0e}'
     provenance.write_json_atomic(os.path.join(runs_dir, name + '.json'), r, indent=1)
@@ -212,7 +213,7 @@ def restore_finished(root: str, results: str) -> int:
         name = (f'pilot/{r["method"]}-L{r["seq_len"]}-P{r["num_pairs"]}-w{r["width"]}'
                 f'-eta{r["particle_step_size"]:.0e}')
       else:
-        name = grid_lib.zoology_row_name(r)
+        name = zoology.zoology_row_name(r)
       path = os.path.join(root, name, run_lib.RESULT_FILE)
       if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -223,7 +224,7 @@ def restore_finished(root: str, results: str) -> int:
 
 def run_zoology(config, root: str, results: str, runs_dir: str, log=run_lib.log_line,
                 poll_seconds: float = 60.0, grid=None) -> int:
-  """Every run of ``grid_lib.zoology_plan`` (of ``grid``, default ``grid_lib.ZOOLOGY``) as
+  """Every run of ``zoology.zoology_plan`` (of ``grid``, default ``zoology.ZOOLOGY``) as
   its prerequisites finish; several workers share ``root`` (runs claimed by lock). Returns
   how many this worker made."""
   check_sources(config, root, results, grid)
@@ -233,7 +234,7 @@ def run_zoology(config, root: str, results: str, runs_dir: str, log=run_lib.log_
     log(f'{root}: {restored} finished runs restored from {results}')
   made = 0
   while True:
-    runnable, waiting = grid_lib.zoology_plan(root, grid)
+    runnable, waiting = zoology.zoology_plan(root, grid)
     todo = [(n, o) for n, o in runnable
             if not os.path.exists(os.path.join(root, n, run_lib.RESULT_FILE))]
     done_one = False
@@ -273,7 +274,7 @@ def archive_runs(root: str, path: str) -> None:
 
 def run_batched(config, programs, root: str, results: str, runs_dir: str, budget_s: float,
                 archive: str, log=run_lib.log_line, grid=None) -> int:
-  """A batched grid's ``programs`` (``grid_lib.batched_programs``) in order until
+  """A batched grid's ``programs`` (``zoology.batched_programs``) in order until
   ``budget_s`` − 60 s, none training past ``budget_s``; after each program ``--results``,
   the per-run files and, if given, ``archive`` are rewritten."""
   start = time.time()
@@ -309,10 +310,10 @@ _MODE_FLAGS = {
     'results': ('--grid or --collect_only (a single run writes <workdir>/result.json)',
                 lambda collect, grid: collect or grid),
     'runs_dir': ('--grid=zoology, zoology_long or a batched grid',
-                 lambda collect, grid: (grid in grid_lib.ZOOLOGY_GRIDS
-                                        or grid in grid_lib.BATCHED_GRIDS)),
+                 lambda collect, grid: (grid in zoology.ZOOLOGY_GRIDS
+                                        or grid in zoology.BATCHED_GRIDS)),
     'archive': ('a batched grid, without --collect_only',
-                lambda collect, grid: grid in grid_lib.BATCHED_GRIDS and not collect),
+                lambda collect, grid: grid in zoology.BATCHED_GRIDS and not collect),
 }
 
 
@@ -343,13 +344,13 @@ def main(argv):
     raise cli.ConfigError('--workdir is required.')
   check_flags()
   config = FLAGS.config
-  batched = FLAGS.grid in grid_lib.BATCHED_GRIDS
-  if FLAGS.grid in grid_lib.ZOOLOGY_GRIDS or batched:
+  batched = FLAGS.grid in zoology.BATCHED_GRIDS
+  if FLAGS.grid in zoology.ZOOLOGY_GRIDS or batched:
     if batched:
-      grid = grid_lib.BATCHED_GRIDS[FLAGS.grid]
+      grid = zoology.BATCHED_GRIDS[FLAGS.grid]
       overrides, default = grid.get('overrides', {}), grid['results']
     else:
-      grid, overrides, default = grid_lib.ZOOLOGY_GRIDS[FLAGS.grid]
+      grid, overrides, default = zoology.ZOOLOGY_GRIDS[FLAGS.grid]
     given = FLAGS['config'].override_values
     for field in overrides:           # the grid's own budget: never silently replaced
       if field in given:
@@ -379,14 +380,14 @@ def main(argv):
     if batched:
       if FLAGS.archive:
         check_outputs(archive=FLAGS.archive)
-      programs = grid_lib.batched_programs(grid)
+      programs = zoology.batched_programs(grid)
       for _, overrides, specs in programs:                          # before any compute
         batched_lib.check_program(grid_lib.apply_overrides(config, overrides),
                                   [batched_lib.Spec(*s) for s in specs])
       run_batched(config, programs, FLAGS.workdir, results, FLAGS.runs_dir, FLAGS.budget_s,
                   FLAGS.archive, grid=grid)
       return
-    for _, overrides in grid_lib.zoology_plan(FLAGS.workdir, grid)[0]:   # before any compute
+    for _, overrides in zoology.zoology_plan(FLAGS.workdir, grid)[0]:   # before any compute
       run_lib.check_config(grid_lib.apply_overrides(config, overrides))
     run_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir, grid=grid)
     return
@@ -420,7 +421,7 @@ if __name__ == '__main__':
                                   lock_config=False)
   flags.DEFINE_string('workdir', None, 'Run folder (with --grid: the grid folder).')
   flags.DEFINE_string('grid', '', f'Run a grid of '
-                      f'{sorted(grid_lib.GRIDS) + sorted(grid_lib.ZOOLOGY_GRIDS) + sorted(grid_lib.BATCHED_GRIDS)} '
+                      f'{sorted(grid_lib.GRIDS) + sorted(zoology.ZOOLOGY_GRIDS) + sorted(zoology.BATCHED_GRIDS)} '
                       'instead of one run (zoology*: with --config=configs/mqar.py:zoology; '
                       'zoology_batched: every (cell, width, method) as one vmapped program, '
                       'for a GPU).')

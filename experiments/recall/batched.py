@@ -44,6 +44,7 @@ from experiments.common import provenance
 from experiments.recall import grid as grid_lib
 from experiments.recall import methods
 from experiments.recall import run as run_lib
+from experiments.recall import zoology
 
 
 FAILED_FILE = 'failed.json'
@@ -67,7 +68,7 @@ def run_config(config, spec: Spec):
 def run_name(config, spec: Spec) -> str:
   """The run's folder: ``grid.zoology_name`` (+ ``-eta<η>`` when η is swept)."""
   d = config.data
-  name = grid_lib.zoology_name(config.method, d.seq_len, d.num_pairs, config.model.width,
+  name = zoology.zoology_name(config.method, d.seq_len, d.num_pairs, config.model.width,
                                spec.learning_rate, spec.seed)
   return name if spec.step_size is None else f'{name}-eta{spec.step_size:.0e}'
 

@@ -6,7 +6,7 @@ positions against the learning rate, one panel per (cell, width), one line per m
 mean over the seeds run at that rate, a bar from the lowest to the highest seed; the
 Langevin methods at the η chosen with the rate on seed 0's validation batch), then
 accuracy at the chosen rate against the state size (Zoology's recall–memory view), and replaces
-the ``mqar_zoology`` block of the page with the best-rate table (``grid.zoology_best``, per
+the ``mqar_zoology`` block of the page with the best-rate table (``zoology.zoology_best``, per
 file), the chance level 1/P, what has not run, and the runs' commands, commits and machines.
 """
 
@@ -150,12 +150,13 @@ def Line2D(*args, **kwargs):  # pylint: disable=invalid-name
 
 
 def coulomb_lines(effect: dict) -> list:
-  """One line per cell of ``grid.coulomb_effect``: what the repulsion and the noise change."""
+  """One line per cell of ``zoology.coulomb_effect``: what the repulsion and the noise change."""
   if not effect:
     return []
   first, second = next(iter(effect.values()))['methods']
   lines = ['', f'Coulomb terms: {first} − {second}, paired by seed at each one\'s chosen '
-           'rate (95% interval over seeds; none below two seeds), and at seed 0 rate by rate:']
+           'rate (95% interval over seeds; none below two seeds), at seed 0 rate by rate, '
+           'and paired by seed at any other rate both ran at two or more seeds:']
   for cell, e in effect.items():
     seq_len, pairs, width = cell.split('/')
     d, ci = e['difference'], e['interval_95']
@@ -163,10 +164,15 @@ def coulomb_lines(effect: dict) -> list:
       continue
     where = f'[{ci[0]:+.3f}, {ci[1]:+.3f}]' if ci else 'no interval'
     rates = ', '.join(f'{lr} {v:+.3f}' for lr, v in e['seed0_by_rate'].items())
+    chosen = {f'{lr:g}' for lr in e['learning_rates']}
+    fixed = ''.join(
+        f'; paired by seed at {lr}: {a["difference"]["mean"]:+.3f} (n = '
+        f'{a["difference"]["n"]}, [{a["interval_95"][0]:+.3f}, {a["interval_95"][1]:+.3f}])'
+        for lr, a in e.get('by_rate', {}).items() if chosen != {lr})
     ratio = ', '.join(f'{x:.3g}' for x in e['calibration'].get('force_ratio', []))
     lines.append(f'- L = {seq_len}, {pairs} pairs, width {width}: {d["mean"]:+.3f} '
-                 f'(n = {d["n"]}, {where}); seed 0 by rate: {rates}; repulsion / target '
-                 f'force at step 0: {ratio or "not recorded"}.')
+                 f'(n = {d["n"]}, {where}); seed 0 by rate: {rates}{fixed}; repulsion / '
+                 f'target force at step 0: {ratio or "not recorded"}.')
   return lines
 
 

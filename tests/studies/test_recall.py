@@ -13,6 +13,7 @@ from experiments.common import cli
 from experiments.recall import grid
 from experiments.recall import methods
 from experiments.recall import run
+from experiments.recall import zoology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -195,13 +196,13 @@ def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
 
 @pytest.mark.slow
 def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tmp_path):
-  tiny = dict(grid.ZOOLOGY, sweep_cells=((16, 2),), long_cell=(24, 3), width=16,
+  tiny = dict(zoology.ZOOLOGY, sweep_cells=((16, 2),), long_cell=(24, 3), width=16,
               learning_rates=(1e-3, 1e-2), methods=('particles_flow', 'taylor'),
               seeds=(0, 1), pilot_step_sizes=(1e-3, 1e-2), pilot_steps=2)
   config = mqar_config.get_config('zoology,quick')
   config.data.seq_len = 24
   root, results, runs_dir = (str(tmp_path / n) for n in ('grid', 'z.json', 'runs'))
-  planned, waiting = grid.zoology_plan(root, tiny)
+  planned, waiting = zoology.zoology_plan(root, tiny)
   assert [n for n, _ in planned][:2] == ['pilot/particles_softmax-L16-P2-w16-eta1e-03',
                                          'pilot/particles_softmax-L16-P2-w16-eta1e-02']
   assert waiting > 0                      # the sweep of particles_flow waits on the pilots
@@ -216,16 +217,16 @@ def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tm
   assert table['protocol']['vocab'] == config.data.vocab_size
   assert table['protocol']['where'] == 'cpu'
   for r in table['runs']:
-    for field in grid.RUN_FIELDS:
+    for field in zoology.RUN_FIELDS:
       assert field in r
   assert len(table['runs']) == 10 and len(table['pilots']) == 2
   assert len(os.listdir(runs_dir)) == 12
   best = table['best']['16/2/16/particles_flow']
   seed0 = [r for r in table['runs'] if r['method'] == 'particles_flow' and r['seq_len'] == 16
            and r['seed'] == 0]
-  assert best['learning_rate'] == max(seed0, key=grid.selection_key)['learning_rate']
+  assert best['learning_rate'] == max(seed0, key=zoology.selection_key)['learning_rate']
   assert best['accuracy']['n'] == 2 and best['rates_tried'] == 2
-  chosen_eta = max(table['pilots'], key=grid.selection_key)['particle_step_size']
+  chosen_eta = max(table['pilots'], key=zoology.selection_key)['particle_step_size']
   assert all(r['particle_step_size'] == chosen_eta for r in table['runs']
              if r['method'] == 'particles_flow')
   # A rerun makes nothing; an empty workdir keeps the committed rows.
@@ -241,7 +242,7 @@ def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tm
 def test_the_coulomb_pairs_later_seeds_run_first_once_both_sweeps_of_a_cell_are_done(tmp_path):
   # The paired interval particles_softmax − particles_flow needs seeds 1 and 2 of both; they
   # come right after the pilots, before the other methods' sweeps.
-  tiny = dict(grid.ZOOLOGY, sweep_cells=((16, 2), (24, 3)), long_cell=(32, 4), width=16,
+  tiny = dict(zoology.ZOOLOGY, sweep_cells=((16, 2), (24, 3)), long_cell=(32, 4), width=16,
               learning_rates=(1e-3, 1e-2),
               methods=('particles_softmax', 'particles_flow', 'taylor'), seeds=(0, 1, 2),
               pilot_step_sizes=(1e-3,), pilot_steps=2)
@@ -256,7 +257,7 @@ def test_the_coulomb_pairs_later_seeds_run_first_once_both_sweeps_of_a_cell_are_
   for method in ('particles_softmax', 'particles_flow'):       # only (16, 2) swept
     done(f'{method}-L16-P2-w16-lr1.0e-03-seed0', 0.2)
     done(f'{method}-L16-P2-w16-lr1.0e-02-seed0', 0.3 if method == 'particles_flow' else 0.1)
-  names = [n for n, _ in grid.zoology_plan(str(root), tiny)[0]]
+  names = [n for n, _ in zoology.zoology_plan(str(root), tiny)[0]]
   assert names[:6] == ['pilot/particles_softmax-L16-P2-w16-eta1e-03',
                        'pilot/particles_softmax-L24-P3-w16-eta1e-03',
                        'particles_softmax-L16-P2-w16-lr1.0e-03-seed1',
@@ -271,7 +272,7 @@ def test_the_coulomb_pairs_later_seeds_run_first_once_both_sweeps_of_a_cell_are_
 def test_a_deferred_methods_sweep_runs_go_last_and_its_long_cell_does_not(tmp_path):
   # 'deferred' (the methods the GPU grid ran at both sweep cells): their sweep-cell runs go
   # after every other run, in the same order; their long-cell runs keep their place.
-  tiny = dict(grid.ZOOLOGY, sweep_cells=((16, 2),), long_cell=(24, 3), width=16,
+  tiny = dict(zoology.ZOOLOGY, sweep_cells=((16, 2),), long_cell=(24, 3), width=16,
               learning_rates=(1e-3, 1e-2), methods=('taylor', 'elu', 'hedgehog_distilled'),
               seeds=(0, 1), pilot_step_sizes=(1e-3,), pilot_steps=2, deferred=('taylor', 'elu'))
   root = tmp_path / 'grid'
@@ -279,8 +280,8 @@ def test_a_deferred_methods_sweep_runs_go_last_and_its_long_cell_does_not(tmp_pa
     (root / f'taylor-L16-P2-w16-lr{lr}-seed0').mkdir(parents=True)
     (root / f'taylor-L16-P2-w16-lr{lr}-seed0' / 'result.json').write_text(
         json.dumps({'valid_accuracy': 0.3 if lr == '1.0e-02' else 0.2, 'valid_loss': 1.0}))
-  names = [n for n, _ in grid.zoology_plan(str(root), tiny)[0]]
-  undeferred = [n for n, _ in grid.zoology_plan(str(root), dict(tiny, deferred=()))[0]]
+  names = [n for n, _ in zoology.zoology_plan(str(root), tiny)[0]]
+  undeferred = [n for n, _ in zoology.zoology_plan(str(root), dict(tiny, deferred=()))[0]]
   assert sorted(names) == sorted(undeferred)
   last = [n for n in undeferred if n.split('-')[0] in ('taylor', 'elu') and '-L16-' in n]
   assert names[-len(last):] == last and len(last) == 2 + 2 + 1     # 2 sweeps + taylor's seed 1
@@ -289,42 +290,71 @@ def test_a_deferred_methods_sweep_runs_go_last_and_its_long_cell_does_not(tmp_pa
 
 
 def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_steps(tmp_path):
-  long_grid, overrides, results = grid.ZOOLOGY_GRIDS['zoology_long']
+  long_grid, overrides, results = zoology.ZOOLOGY_GRIDS['zoology_long']
   assert overrides == {'train.steps': 4 * mqar_config.get_config('zoology').train.steps}
   assert results == 'results/mqar_zoology_long.json'
-  planned, waiting = grid.zoology_plan(str(tmp_path), long_grid)
+  planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
   pilots = ['pilot/particles_softmax-L64-P4-w64-eta1e-03',
             'pilot/particles_softmax-L64-P4-w64-eta3e-03',
             'pilot/particles_softmax-L64-P4-w64-eta1e-02']
-  assert [n for n, _ in planned][:3] == pilots and waiting == 2 * 2   # the Langevin pair's rates
+  # waiting on the pilots: the Langevin pair's two rates and its two fixed-rate seeds
+  assert [n for n, _ in planned][:3] == pilots and waiting == 2 * 2 + 2 * 2
   for name in pilots:                         # every pilot done: η = 3e-3 chosen
     (tmp_path / name).mkdir(parents=True)
     (tmp_path / name / 'result.json').write_text(json.dumps(
         {'valid_accuracy': 0.3 if 'eta3e-03' in name else 0.2, 'valid_loss': 1.0}))
-  planned, waiting = grid.zoology_plan(str(tmp_path), long_grid)
+  planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
   runs = [o for n, o in planned if not n.startswith('pilot/')]
-  assert waiting == 0 and len(runs) == len(long_grid['methods']) * 2
+  # The pair's seeds 1 and 2 at the fixed rate wait on both seed-0 runs there.
+  assert waiting == 2 * 2 and len(runs) == len(long_grid['methods']) * 2
   assert {(o['data.seq_len'], o['data.num_pairs'], o['seed']) for o in runs} == {(64, 4, 0)}
   assert {o['train.learning_rate'] for o in runs} == {2.154e-3, 1e-2}
   # rates_first: every method at 2.15e-3, in the grid's method order, before any at 1e-2.
   assert [(o['method'], o['train.learning_rate']) for o in runs] == (
       [(m, 2.154e-3) for m in long_grid['methods']] + [(m, 1e-2) for m in long_grid['methods']])
   assert {o.get('particles.step_size') for o in runs if o['method'].startswith('particles')} == {3e-3}
-  protocol = grid.zoology_protocol(grid.apply_overrides(mqar_config.get_config('zoology'),
+  protocol = zoology.zoology_protocol(grid.apply_overrides(mqar_config.get_config('zoology'),
                                                         overrides), 'cpu', grid=long_grid)
   assert protocol['steps'] == 12000 and protocol['learning_rates'] == [2.154e-3, 1e-2]
+  assert protocol['coulomb_seeds'] == {'seeds': [1, 2], 'learning_rate': 2.154e-3}
+  # Both seed-0 runs of the pair at 2.15e-3 done: seeds 1 and 2 of the pair there, at the
+  # pilot's η, right after the pilots, each run planned once.
+  for method in zoology.COULOMB_PAIR:
+    name = zoology.zoology_name(method, 64, 4, 64, 2.154e-3, 0)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'result.json').write_text(json.dumps(
+        {'valid_accuracy': 0.5, 'valid_loss': 1.0}))
+  planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
+  names = [n for n, _ in planned]
+  assert waiting == 0 and len(names) == len(set(names)) == 3 + 4 + len(runs)
+  assert names[3:7] == [zoology.zoology_name(m, 64, 4, 64, 2.154e-3, s)
+                        for s in (1, 2) for m in zoology.COULOMB_PAIR]
+  fixed = [o for _, o in planned[3:7]]
+  assert {(o['train.learning_rate'], o['particles.step_size']) for o in fixed} == {
+      (2.154e-3, 3e-3)}
+  # A run due twice (a seed of the fixed rate that is also a best rate's seed) is listed once.
+  again = dict(long_grid, seeds=(0, 1, 2))
+  for method in zoology.COULOMB_PAIR:
+    name = zoology.zoology_name(method, 64, 4, 64, 1e-2, 0)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'result.json').write_text(json.dumps(
+        {'valid_accuracy': 0.1, 'valid_loss': 1.0}))
+  names = [n for n, _ in zoology.zoology_plan(str(tmp_path), again)[0]]
+  assert len(names) == len(set(names))
+  assert names[3:7] == [zoology.zoology_name(m, 64, 4, 64, 2.154e-3, s)
+                        for s in (1, 2) for m in zoology.COULOMB_PAIR]
 
 
 def test_a_grid_refuses_runs_and_results_of_another_budget_before_any_write(tmp_path):
   # zoology and zoology_long give one (64, 4) run one name: a folder or results file of
   # 3,000-step runs is never taken as the long grid's (nor the other way round).
-  long_grid, overrides, _ = grid.ZOOLOGY_GRIDS['zoology_long']
+  long_grid, overrides, _ = zoology.ZOOLOGY_GRIDS['zoology_long']
   config = grid.apply_overrides(mqar_config.get_config('zoology'), overrides)
   row = {'seq_len': 64, 'num_pairs': 4, 'width': 64, 'method': 'taylor', 'seed': 0,
          'learning_rate': 2.154e-3, 'steps': 3000, 'valid_accuracy': 0.2, 'valid_loss': 1.0}
   root = tmp_path / 'grid'
-  (root / grid.zoology_row_name(row)).mkdir(parents=True)
-  (root / grid.zoology_row_name(row) / 'result.json').write_text(json.dumps(row))
+  (root / zoology.zoology_row_name(row)).mkdir(parents=True)
+  (root / zoology.zoology_row_name(row) / 'result.json').write_text(json.dumps(row))
   results, runs_dir = tmp_path / 'long.json', tmp_path / 'runs'
   with pytest.raises(cli.ConfigError, match=r'^--workdir: .*taylor-L64-P4-w64-lr2\.2e-03-seed0 '
                                             r'trained for 3000 steps, this grid runs 12000'):

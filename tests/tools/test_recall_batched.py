@@ -17,6 +17,7 @@ from configs import mqar as mqar_config
 from experiments.recall import batched
 from experiments.recall import grid as grid_lib
 from experiments.recall import run as run_lib
+from experiments.recall import zoology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SILENT = lambda message: None
@@ -96,7 +97,7 @@ def test_a_spec_that_does_not_fit_the_method_is_refused_before_compute():
 
 
 def test_no_program_starts_after_the_budget(tmp_path):
-  programs = grid_lib.batched_programs(grid_lib.BATCHED_GRIDS['tiny_batched'])
+  programs = zoology.batched_programs(zoology.BATCHED_GRIDS['tiny_batched'])
   lines = []
   made = batched.run_programs(mqar_config.get_config('zoology,quick'), str(tmp_path), programs,
                               lines.append, stop_starting_at=time.time() - 1)
@@ -114,7 +115,7 @@ def test_rate_and_step_size_are_chosen_together_on_seed_0():
   rows = [_row(1e-3, 1e-2, 0, 0.5, 0.4), _row(1e-3, 3e-3, 0, 0.9, 0.8),
           _row(1e-2, 1e-2, 0, 0.7, 0.6), _row(1e-2, 3e-3, 0, 0.1, 0.1),
           _row(1e-3, 3e-3, 1, 0.0, 0.6), _row(1e-3, 1e-2, 1, 0.0, 0.99)]
-  best = grid_lib.zoology_best(rows)['64/4/64/particles_softmax']
+  best = zoology.zoology_best(rows)['64/4/64/particles_softmax']
   assert (best['learning_rate'], best['particle_step_size']) == (1e-3, 3e-3)
   assert best['accuracy']['n'] == 2 and best['accuracy']['mean'] == pytest.approx(0.7)
   assert best['rates_tried'] == 2 and best['step_sizes_tried'] == 2
@@ -135,7 +136,7 @@ def test_the_coulomb_effect_pairs_the_two_particle_methods_by_seed_at_their_best
           row('particles_flow', 1e-2, 0, 0.8, 0.40), row('particles_flow', 1e-3, 0, 0.3, 0.45),
           row('particles_flow', 1e-2, 1, 0.0, 0.40), row('particles_flow', 1e-2, 2, 0.0, 0.55),
           row('particles_flow', 1e-3, 1, 0.0, 0.99)]   # not at flow's chosen rate: unused
-  effect = grid_lib.coulomb_effect(rows, grid_lib.zoology_best(rows))
+  effect = zoology.coulomb_effect(rows, zoology.zoology_best(rows))
   e = effect['64/4/64']
   assert e['learning_rates'] == [1e-3, 1e-2] and e['seeds'] == [0, 1, 2]
   d = np.array([0.50 - 0.40, 0.60 - 0.40, 0.70 - 0.55])
@@ -144,11 +145,20 @@ def test_the_coulomb_effect_pairs_the_two_particle_methods_by_seed_at_their_best
   assert e['difference']['std'] == pytest.approx(d.std(ddof=1))
   assert e['interval_95'] == pytest.approx([d.mean() - half, d.mean() + half])
   assert e['seed0_by_rate'] == pytest.approx({'0.001': 0.50 - 0.45, '0.01': 0.20 - 0.40})
+  # by_rate: paired by seed at every rate both ran at two or more common seeds; here only
+  # 1e-3 (seeds 0 and 1; at 1e-2 particles_softmax has seed 0 alone).
+  at = e['by_rate']
+  assert list(at) == ['0.001'] and at['0.001']['seeds'] == [0, 1]
+  d_fixed = np.array([0.50 - 0.45, 0.60 - 0.99])
+  half = stats.t.ppf(0.975, 1) * d_fixed.std(ddof=1) / np.sqrt(2)
+  assert at['0.001']['difference']['mean'] == pytest.approx(d_fixed.mean())
+  assert at['0.001']['interval_95'] == pytest.approx([d_fixed.mean() - half,
+                                                      d_fixed.mean() + half])
   assert e['calibration']['force_ratio'] == [0.09, 0.1, 0.12]
   # One method alone in a cell: no entry; one seed: no interval.
-  assert grid_lib.coulomb_effect(rows[:4], grid_lib.zoology_best(rows[:4])) == {}
+  assert zoology.coulomb_effect(rows[:4], zoology.zoology_best(rows[:4])) == {}
   one = [r for r in rows if r['seed'] == 0]
-  assert grid_lib.coulomb_effect(one, grid_lib.zoology_best(one))['64/4/64']['interval_95'] is None
+  assert zoology.coulomb_effect(one, zoology.zoology_best(one))['64/4/64']['interval_95'] is None
 
 
 @pytest.mark.slow
@@ -186,7 +196,7 @@ def test_the_batched_grid_command_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_program_is_recorded_and_the_worker_goes_on(tmp_path, monkeypatch):
-  programs = grid_lib.batched_programs(grid_lib.BATCHED_GRIDS['tiny_batched'])
+  programs = zoology.batched_programs(zoology.BATCHED_GRIDS['tiny_batched'])
   real = batched.train_program
 
   def fail_the_first(config, specs, *args, **kwargs):
@@ -205,7 +215,7 @@ def test_a_failing_program_is_recorded_and_the_worker_goes_on(tmp_path, monkeypa
 
 
 def test_the_langevin_methods_get_one_program_per_step_size():
-  programs = grid_lib.batched_programs()
+  programs = zoology.batched_programs()
   names = [name for name, _, _ in programs]
   assert 'particles_softmax-L128-P8-w64-eta3e-03' in names and 'hedgehog-L128-P8-w64' in names
   assert {len(specs) for _, _, specs in programs} == {12}

@@ -1,0 +1,430 @@
+r"""Zoology's protocol (issue 36, configs/mqar.py:zoology): which runs, in which order, and
+``results/mqar_zoology*.json`` from their files.
+
+The sequential grids (``ZOOLOGY_GRIDS``: one run per worker at a time, resumable, claimed
+with ``grid.claim``): ``zoology_plan(root, grid)`` lists the runs whose prerequisites are
+finished (a cell's pilot picks the particles' step size, a cell's sweep picks each
+method's rate). The batched grids (``BATCHED_GRIDS``, for one GPU): ``batched_programs``
+lists one vmapped program per (cell, width, method[, η]) (experiments/recall/batched.py).
+``zoology_file(runs, pilots, protocol)`` is the binding results object: protocol, runs,
+``best`` (``zoology_best``) and ``coulomb_effect``.
+"""
+
+import glob
+import json
+import os
+from typing import List
+
+from experiments.analysis import intervals
+from experiments.recall import methods
+
+# Issue 36: Zoology's protocol (configs/mqar.py:zoology), a learning-rate sweep per method.
+ZOOLOGY = {
+    'sweep_cells': ((64, 4), (128, 8)),        # every method at every rate, seed 0
+    'long_cell': (256, 16),                    # at each method's best rate of (128, 8)
+    'width': 64,
+    # logspace(-4, -2, 4), the middle rates first (a grid cut short has the likeliest best).
+    'learning_rates': (2.154e-3, 4.642e-4, 1e-2, 1e-4),
+    'methods': ('hedgehog', 'particles_softmax', 'particles_flow', 'elu', 'taylor',
+                'favor_orthogonal', 'hedgehog_distilled', 'softmax'),
+    'seeds': (0, 1, 2),
+    # The particles' Langevin step η: a pilot per cell (particles_softmax, seed 0, at the
+    # second-largest rate, pilot_steps), chosen on validation accuracy then loss.
+    'pilot_step_sizes': (1e-3, 3e-3, 1e-2),
+    'pilot_learning_rate': 2.154e-3,
+    'pilot_steps': 1000,
+    # Runs at the sweep cells of these methods go after every other run: the GPU grid ran
+    # them at every rate and seed of both sweep cells (results/mqar_zoology_gpu.json; 24 CPU
+    # twins agreed, docs/recall.md), so on this CPU they add least. The methods it did not
+    # run (the Coulomb pair, the distilled Hedgehog) come first, with their (256, 16) runs;
+    # a deferred method's (256, 16) runs wait on its (128, 8) sweep, so they come last too.
+    'deferred': ('hedgehog', 'elu', 'taylor', 'favor_orthogonal', 'softmax'),
+}
+
+
+# The same protocol at 4x the steps (12,000, about 8 epochs of the 100k set; Zoology trains up
+# to 64) on this CPU: does the budget, not the map, hold the linear maps at 1/P? (64, 4),
+# seed 0, the two rates of every linear method's 3,000-step best; Taylor (Zoology's anchor)
+# first, then every method at 2.15e-3 before any at 1e-2 (rates_first: the Coulomb pair
+# compared at one rate as early as possible).
+ZOOLOGY_LONG = dict(
+    ZOOLOGY, sweep_cells=((64, 4),), long_cell=None, learning_rates=(2.154e-3, 1e-2),
+    methods=('taylor', 'particles_softmax', 'particles_flow', 'hedgehog', 'elu',
+             'hedgehog_distilled'),
+    seeds=(0,), deferred=(), rates_first=True,
+    # After their seed 0 at 2.15e-3 (particles_softmax 0.435, particles_flow 0.640; no
+    # interval at n = 1), the pair's seeds 1 and 2 at that rate, before the rest: paired
+    # by seed at one rate fixed in advance (``coulomb_effect``'s ``by_rate``).
+    coulomb_seeds=(1, 2), coulomb_rate=2.154e-3)
+
+# The sequential (one run per worker at a time) grids of the zoology protocol: grid ->
+# (the grid, config overrides of every run, its default results file).
+ZOOLOGY_GRIDS = {
+    'zoology': (ZOOLOGY, {}, 'results/mqar_zoology.json'),
+    'zoology_long': (ZOOLOGY_LONG, {'train.steps': 12000}, 'results/mqar_zoology_long.json'),
+}
+
+
+# The pair that isolates the Coulomb terms: the same mimicry target and Langevin step, with
+# the repulsion felt and the noise on (first) and with λ = 0 and no noise (second).
+COULOMB_PAIR = ('particles_softmax', 'particles_flow')
+
+
+def zoology_name(method, seq_len, num_pairs, width, learning_rate, seed) -> str:
+  return f'{method}-L{seq_len}-P{num_pairs}-w{width}-lr{learning_rate:.1e}-seed{seed}'
+
+
+def zoology_row_name(row: dict) -> str:
+  """A finished run's folder (and per-run file) name: ``zoology_name``, with ``-eta<η>``
+  for a batched Langevin run (η swept there: ``batched.run_name``)."""
+  name = zoology_name(row['method'], row['seq_len'], row['num_pairs'], row['width'],
+                      row['learning_rate'], row['seed'])
+  if 'runs_in_program' in row and 'particle_step_size' in row:
+    name += f'-eta{row["particle_step_size"]:.0e}'
+  return name
+
+
+def _cell(seq_len, num_pairs, width, **more):
+  return dict({'data.seq_len': seq_len, 'data.num_pairs': num_pairs, 'model.width': width},
+              **more)
+
+
+def _read(root: str, name: str):
+  path = os.path.join(root, name, 'result.json')
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f'{path}: not a readable run result ({e}).') from None
+
+
+def selection_key(row: dict):
+  """Validation accuracy, then lower validation loss: how a rate or a step size is chosen."""
+  return (row['valid_accuracy'], -row['valid_loss'])
+
+
+def zoology_plan(root: str, grid: dict = None):
+  """``(runnable, waiting)``: the runs whose prerequisites are finished, in order, and how
+  many runs still wait on an unfinished one (a pilot, or a cell's sweep).
+
+  Order: the pilots; the later seeds of ``COULOMB_PAIR`` at a sweep cell as soon as both
+  methods' sweeps of that cell are done (the question whether the Coulomb terms change
+  anything needs them paired by seed); where the grid has ``coulomb_seeds``, those seeds of
+  the pair at ``coulomb_rate`` as soon as both seed-0 runs at that rate are done; each
+  sweep cell (methods × rates, seed 0; rates × methods where the grid says
+  ``rates_first``); (256, 16) (the grid's ``long_cell``, where it has one) seed 0 at each
+  method's best rate of (128, 8); seeds 1 and 2 at each method's best rate of each sweep
+  cell, then at (256, 16); last, the sweep cells' runs of the grid's ``deferred`` methods,
+  in the same order. A run due twice (at the fixed rate and at a best rate) is listed once.
+  The particles' step size is the pilot's choice for the cell (the (256, 16) runs take
+  (128, 8)'s). The best rate of a method is the argmax of ``selection_key`` over its seed-0
+  runs (validation batch, never the test batch).
+  """
+  g = grid or ZOOLOGY
+  w = g['width']
+  runs, waiting = [], 0
+  eta = {}
+  for seq_len, num_pairs in g['sweep_cells']:
+    rows = []
+    for step_size in g['pilot_step_sizes']:
+      name = f'pilot/particles_softmax-L{seq_len}-P{num_pairs}-w{w}-eta{step_size:.0e}'
+      runs.append((name, _cell(seq_len, num_pairs, w, method='particles_softmax', seed=0,
+                               **{'train.learning_rate': g['pilot_learning_rate'],
+                                  'train.steps': g['pilot_steps'],
+                                  'particles.step_size': step_size})))
+      row = _read(root, name)
+      rows.append((row, step_size))
+    if all(r is not None for r, _ in rows):
+      eta[(seq_len, num_pairs)] = max(rows, key=lambda r: selection_key(r[0]))[1]
+  best = {}
+  for seq_len, num_pairs in g['sweep_cells']:
+    rows = {m: [] for m in g['methods']}
+    order = ([(m, lr) for lr in g['learning_rates'] for m in g['methods']]
+             if g.get('rates_first') else
+             [(m, lr) for m in g['methods'] for lr in g['learning_rates']])
+    for method, lr in order:
+      extra = {'train.learning_rate': lr}
+      if method in methods.LANGEVIN_METHODS:
+        if (seq_len, num_pairs) not in eta:
+          waiting += 1
+          rows[method].append(None)
+          continue
+        extra['particles.step_size'] = eta[(seq_len, num_pairs)]
+      name = zoology_name(method, seq_len, num_pairs, w, lr, 0)
+      runs.append((name, _cell(seq_len, num_pairs, w, method=method, seed=0, **extra)))
+      row = _read(root, name)
+      rows[method].append(None if row is None else (row, lr, extra))
+    for method, found in rows.items():
+      if all(r is not None for r in found):
+        best[(seq_len, num_pairs, method)] = max(found, key=lambda r: selection_key(r[0]))[1:]
+  last_len, last_pairs = g['sweep_cells'][-1]
+  later = []
+  for seed in (g['seeds'] if g['long_cell'] else ()):
+    long_len, long_pairs = g['long_cell']
+    for method in g['methods']:
+      choice = best.get((last_len, last_pairs, method))
+      if choice is None:
+        waiting += 1
+        continue
+      lr, extra = choice
+      entry = (zoology_name(method, long_len, long_pairs, w, lr, seed),
+               _cell(long_len, long_pairs, w, method=method, seed=seed, **extra))
+      (runs if seed == 0 else later).append(entry)
+  pair = []
+  for seed in g['seeds'][1:]:
+    for seq_len, num_pairs in g['sweep_cells']:
+      paired = all((seq_len, num_pairs, m) in best for m in COULOMB_PAIR)
+      for method in g['methods']:
+        choice = best.get((seq_len, num_pairs, method))
+        if choice is None:
+          waiting += 1
+          continue
+        lr, extra = choice
+        entry = (zoology_name(method, seq_len, num_pairs, w, lr, seed),
+                 _cell(seq_len, num_pairs, w, method=method, seed=seed, **extra))
+        (pair if paired and method in COULOMB_PAIR else runs).append(entry)
+  fixed = []
+  for seq_len, num_pairs in (g['sweep_cells'] if g.get('coulomb_seeds') else ()):
+    lr = g['coulomb_rate']
+    seed0 = [_read(root, zoology_name(m, seq_len, num_pairs, w, lr, 0)) for m in COULOMB_PAIR]
+    for seed in g['coulomb_seeds']:
+      for method in COULOMB_PAIR:
+        if (seq_len, num_pairs) not in eta or None in seed0:
+          waiting += 1
+          continue
+        fixed.append((zoology_name(method, seq_len, num_pairs, w, lr, seed),
+                      _cell(seq_len, num_pairs, w, method=method, seed=seed,
+                            **{'train.learning_rate': lr,
+                               'particles.step_size': eta[(seq_len, num_pairs)]})))
+  pilots = [r for r in runs if r[0].startswith('pilot/')]
+  ordered = pilots + pair + fixed + runs[len(pilots):] + later
+  seen = set()                  # a run both at the fixed rate and at a best rate: once
+  ordered = [r for r in ordered if not (r[0] in seen or seen.add(r[0]))]
+  sweep = set(g['sweep_cells'])
+  deferred = [r for r in ordered if r[1].get('method') in g.get('deferred', ())
+              and (r[1]['data.seq_len'], r[1]['data.num_pairs']) in sweep]
+  return [r for r in ordered if r not in deferred] + deferred, waiting
+
+
+def zoology_best(rows: List[dict]) -> dict:
+  """``{"L/P/width/method": {"learning_rate", "accuracy": {"mean", "std", "n"}}}``: each
+  method's rate chosen on its seed-0 validation accuracy, its test accuracy over the seeds
+  run at that rate (std with ddof = 1; 0 for one seed). Where the rows hold several
+  particle step sizes η per rate (the batched grid), (rate, η) is chosen together and the
+  entry adds ``particle_step_size``."""
+  groups = {}
+  for r in rows:
+    groups.setdefault((r['seq_len'], r['num_pairs'], r['width'], r['method']), []).append(r)
+  out = {}
+  choice = lambda r: (r['learning_rate'], r.get('particle_step_size'))
+  for (seq_len, num_pairs, width, method), group in sorted(groups.items()):
+    seed0 = [r for r in group if r['seed'] == 0]
+    if not seed0:
+      continue
+    best = choice(max(seed0, key=selection_key))
+    acc = [r['accuracy'] for r in group if choice(r) == best]
+    entry = {'learning_rate': best[0], 'rates_tried': len({r['learning_rate'] for r in seed0})}
+    if len({choice(r)[1] for r in seed0}) > 1:     # η swept with the rate (batched grid)
+      entry['particle_step_size'] = best[1]
+      entry['step_sizes_tried'] = len({choice(r)[1] for r in seed0})
+    entry['accuracy'] = {'mean': float(sum(acc) / len(acc)), 'std': float(_std(acc)),
+                         'n': len(acc)}
+    out[f'{seq_len}/{num_pairs}/{width}/{method}'] = entry
+  return out
+
+
+def _std(values):
+  if len(values) < 2:
+    return 0.0
+  mean = sum(values) / len(values)
+  return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
+def coulomb_effect(rows: List[dict], best: dict) -> dict:
+  r"""``{"L/P/width": ...}``: what the Coulomb terms change, per cell where both methods of
+  ``COULOMB_PAIR`` have a best rate in ``best`` (``zoology_best(rows)``).
+
+  At each method's own chosen rate (and η), over the seeds s both have run there:
+  d_s = acc(particles_softmax, s) − acc(particles_flow, s); ``difference`` is
+  ``{mean, std (ddof 1), n}`` of d and ``interval_95`` d̄ ± t_{0.975, n−1}·std/√n
+  (``intervals.seed_interval``; None below two seeds). ``seed0_by_rate``: the same
+  difference at seed 0 at every rate both have run (each at its chosen η), the rate's
+  window side by side. ``by_rate``: at every rate both have run at two or more common
+  seeds, ``{seeds, difference, interval_95}`` as above (a rate fixed in advance, e.g. the
+  grid's ``coulomb_rate``, paired by seed whichever rate validation picks).
+  ``calibration``: the particles_softmax runs' force ratio (repulsion / target force at
+  step 0) and drift-to-noise, at the chosen rate.
+  """
+  first, second = COULOMB_PAIR
+  out = {}
+  for key in sorted(best, key=lambda k: [int(x) if x.isdigit() else x for x in k.split('/')]):
+    cell, method = key.rsplit('/', 1)
+    if method != first or f'{cell}/{second}' not in best:
+      continue
+    seq_len, num_pairs, width = (int(x) for x in cell.split('/'))
+
+    def runs_of(name, _cell=(seq_len, num_pairs, width), _key=cell):
+      eta = best[f'{_key}/{name}'].get('particle_step_size')
+      return [r for r in rows
+              if (r['seq_len'], r['num_pairs'], r['width'], r['method']) == (*_cell, name)
+              and (eta is None or r.get('particle_step_size') == eta)]
+
+    chosen = {}
+    for name in COULOMB_PAIR:
+      lr = best[f'{cell}/{name}']['learning_rate']
+      chosen[name] = {r['seed']: r for r in runs_of(name) if r['learning_rate'] == lr}
+    seeds = sorted(set(chosen[first]) & set(chosen[second]))
+    d = [chosen[first][s]['accuracy'] - chosen[second][s]['accuracy'] for s in seeds]
+    summary = {'mean': float(sum(d) / len(d)) if d else None, 'std': float(_std(d)),
+               'n': len(d)}
+    by_rate, paired = {}, {}
+    for name in COULOMB_PAIR:
+      for r in runs_of(name):
+        paired.setdefault(r['learning_rate'], {}).setdefault(name, {})[r['seed']] = r
+        if r['seed'] == 0:
+          by_rate.setdefault(r['learning_rate'], {})[name] = r['accuracy']
+    at_rate = {}
+    for lr, got in sorted(paired.items()):
+      common = sorted(set(got.get(first, {})) & set(got.get(second, {})))
+      if len(common) < 2:
+        continue
+      d_lr = [got[first][s]['accuracy'] - got[second][s]['accuracy'] for s in common]
+      at = {'mean': float(sum(d_lr) / len(d_lr)), 'std': float(_std(d_lr)), 'n': len(d_lr)}
+      at_rate[f'{lr:g}'] = {'seeds': common, 'difference': at,
+                            'interval_95': intervals.seed_interval(at)}
+    calib = [r.get('calibration', {}) for r in chosen[first].values()]
+    out[cell] = {
+        'methods': list(COULOMB_PAIR),
+        'learning_rates': [best[f'{cell}/{n}']['learning_rate'] for n in COULOMB_PAIR],
+        'seeds': seeds, 'difference': summary,
+        'interval_95': intervals.seed_interval(summary),
+        'seed0_by_rate': {f'{lr:g}': v[first] - v[second]
+                          for lr, v in sorted(by_rate.items()) if len(v) == 2},
+        'by_rate': at_rate,
+        'calibration': {k: sorted(c[k] for c in calib if k in c)
+                        for k in ('force_ratio', 'drift_to_noise')}}
+  return out
+
+
+RUN_FIELDS = ('seq_len', 'num_pairs', 'width', 'method', 'learning_rate', 'seed', 'accuracy',
+              'steps_run', 'state_size', 'commit', 'machine')
+"""The binding fields of a ``results/mqar_zoology.json`` run (then the rest of its row)."""
+
+
+def zoology_protocol(config, where: str, batched: bool = False, grid: dict = None) -> dict:
+  """The settings every run of the grid shares (``config``: configs/mqar.py:zoology, with
+  the grid's overrides); ``batched``: the vmapped grid's (η swept with the rate instead of a
+  pilot); ``grid``: the grid's plan, for its rates and step sizes (default ``ZOOLOGY``, or
+  ``ZOOLOGY_BATCHED`` when ``batched``)."""
+  grid = grid or (ZOOLOGY_BATCHED if batched else ZOOLOGY)
+  protocol = _zoology_protocol(config, where, dict(ZOOLOGY, **grid) if batched else grid)
+  if grid.get('coulomb_seeds'):
+    protocol['coulomb_seeds'] = {'seeds': list(grid['coulomb_seeds']),
+                                 'learning_rate': grid['coulomb_rate']}
+  if batched:
+    particles = protocol['particles']
+    for k in ('pilot_step_sizes', 'pilot_learning_rate', 'pilot_steps'):
+      del particles[k]
+    particles['step_sizes'] = list(grid['step_sizes'])
+    protocol['program'] = ('every (cell, width, method) one jax.vmap over its runs '
+                           '(experiments/recall/batched.py)')
+  return protocol
+
+
+def _zoology_protocol(config, where: str, grid: dict) -> dict:
+  d, m, t, p = config.data, config.model, config.train, config.particles
+  return {'vocab': d.vocab_size, 'train_examples': d.train_examples, 'steps': t.steps,
+          'batch': t.batch_size, 'early_stop': t.early_stop,
+          'learning_rates': sorted(grid['learning_rates']), 'where': where,
+          'schedule': t.schedule, 'weight_decay': t.weight_decay, 'eval_every': t.eval_every,
+          'num_valid': d.num_valid, 'num_eval': d.num_eval, 'power_a': d.power_a,
+          'num_layers': m.num_layers, 'num_heads': m.num_heads, 'mlp_ratio': m.mlp_ratio,
+          'num_features': m.num_features, 'causal_path': m.causal_path,
+          'particles': {'relative_lam': p.relative_lam, 'drift_to_noise': p.drift_to_noise,
+                        'radius': p.radius, 'clip_norm': p.clip_norm, 'target': p.target,
+                        'rows': p.rows, 'riesz_s': p.riesz_s,
+                        'pilot_step_sizes': list(grid['pilot_step_sizes']),
+                        'pilot_learning_rate': grid['pilot_learning_rate'],
+                        'pilot_steps': grid['pilot_steps']}}
+
+
+def zoology_rows(root: str):
+  """``(runs, pilots)``: every finished run's row under ``root`` and under ``root/pilot``."""
+  read = lambda pattern: [json.load(open(p)) for p in sorted(glob.glob(pattern))]
+  try:
+    return (read(os.path.join(root, '*', 'result.json')),
+            read(os.path.join(root, 'pilot', '*', 'result.json')))
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f'{root}: a run result is not readable ({e}).') from None
+
+
+def zoology_key(row: dict) -> tuple:
+  return tuple(row.get(k) for k in ('seq_len', 'num_pairs', 'width', 'method',
+                                    'learning_rate', 'seed', 'steps', 'particle_step_size'))
+
+
+def zoology_file(runs: List[dict], pilots: List[dict], protocol: dict) -> dict:
+  """The binding ``results/mqar_zoology.json`` object."""
+  order = {m: i for i, m in enumerate(methods.METHODS)}
+  sort = lambda rows: sorted(rows, key=lambda r: (r['seq_len'], r['width'],
+                                                  order.get(r['method'], 99),
+                                                  r['learning_rate'], r['seed']))
+  shape = lambda r: dict({k: r[k] for k in RUN_FIELDS},
+                         **{k: v for k, v in r.items() if k not in RUN_FIELDS})
+  runs = [shape(r) for r in sort(runs)]
+  best = zoology_best(runs)
+  return {'protocol': protocol, 'runs': runs, 'best': best,
+          'coulomb_effect': coulomb_effect(runs, best),
+          'pilots': [shape(r) for r in sort(pilots)]}
+
+
+# Issue 36 item 4: the whole grid as vmapped programs (experiments/recall/batched.py), for
+# one GPU. A program is one (cell, width, method); its runs are every rate × seed (× η for
+# the Langevin methods: the pilot becomes part of the sweep, (rate, η) chosen together on
+# seed 0's validation batch). Most informative first: (128, 8) at width 64 (the open
+# question), (64, 4), then width 128, then (256, 16).
+ZOOLOGY_BATCHED = {
+    'cells': (((128, 8), 64), ((64, 4), 64), ((128, 8), 128), ((64, 4), 128),
+              ((256, 16), 64), ((256, 16), 128)),
+    'methods': ('particles_softmax', 'particles_flow', 'hedgehog', 'taylor', 'elu',
+                'favor_orthogonal', 'hedgehog_distilled', 'softmax'),
+    'learning_rates': ZOOLOGY['learning_rates'],
+    'seeds': ZOOLOGY['seeds'],
+    'step_sizes': ZOOLOGY['pilot_step_sizes'],
+    'results': 'results/mqar_zoology_gpu.json',    # its results file (runs: <name>/ beside)
+}
+
+
+def batched_programs(grid: dict = None):
+  """``[(program name, {config field: value}, [(learning_rate, seed, step_size or None)])]``
+  in the order the programs are made: per cell, every method's rates × seeds, one program
+  per η for the Langevin methods (at 36 runs per program their XLA GPU compile did not end
+  in 8 minutes on an H200, 2026-12-04; 12 compile in under a minute)."""
+  g = grid or ZOOLOGY_BATCHED
+  out = []
+  for (seq_len, num_pairs), width in g['cells']:
+    for method in g['methods']:
+      etas = g['step_sizes'] if method in methods.LANGEVIN_METHODS else (None,)
+      for eta in etas:
+        specs = [(lr, seed, eta) for lr in g['learning_rates'] for seed in g['seeds']]
+        name = f'{method}-L{seq_len}-P{num_pairs}-w{width}'
+        out.append((name if eta is None else f'{name}-eta{eta:.0e}',
+                    _cell(seq_len, num_pairs, width, method=method), specs))
+  return out
+
+
+BATCHED_GRIDS = {
+    'zoology_batched': ZOOLOGY_BATCHED,
+    # The same at 4x the steps (12,000, about 8 epochs of the 100k set; Zoology trains up
+    # to 64), width 64 only: at 3000 steps no linear map left 0.25 at (64, 4) on the GPU
+    # (results/mqar_zoology_gpu.json). Its own results file (one protocol per file).
+    'zoology_batched_long': dict(ZOOLOGY_BATCHED, cells=(((128, 8), 64), ((64, 4), 64)),
+                                 overrides={'train.steps': 12000},
+                                 results='results/mqar_zoology_gpu_long.json'),
+    # A test-sized batched grid (with configs/mqar.py:zoology,quick).
+    'tiny_batched': {'results': 'workdir/mqar_tiny_batched.json',
+                     'cells': (((16, 2), 16),), 'methods': ('particles_softmax', 'softmax'),
+                     'learning_rates': (1e-2, 3e-3), 'seeds': (0, 1), 'step_sizes': (1e-2,)},
+}
