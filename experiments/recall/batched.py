@@ -66,7 +66,7 @@ def run_config(config, spec: Spec):
 
 
 def run_name(config, spec: Spec) -> str:
-  """The run's folder: ``grid.zoology_name`` (+ ``-eta<η>`` when η is swept)."""
+  """The run's folder: ``zoology.zoology_name`` (+ ``-eta<η>`` when η is swept)."""
   d = config.data
   name = zoology.zoology_name(config.method, d.seq_len, d.num_pairs, config.model.width,
                                spec.learning_rate, spec.seed)
@@ -289,7 +289,7 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
 def run_programs(config, root: str, programs, log=run_lib.log_line, *,
                  stop_starting_at: Optional[float] = None, deadline: Optional[float] = None,
                  after_program=None) -> int:
-  """Every program of ``programs`` (``grid.batched_programs``) not finished or claimed,
+  """Every program of ``programs`` (``zoology.batched_programs``) not finished or claimed,
   in order; several workers may share ``root`` (a program is claimed by a lock on
   ``<root>/programs/<name>/lock``). No program starts after ``stop_starting_at`` and a
   program still training at ``deadline`` stops and writes nothing (``time.time()``

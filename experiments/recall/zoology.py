@@ -159,31 +159,30 @@ def zoology_plan(root: str, grid: dict = None):
     for method, found in rows.items():
       if all(r is not None for r in found):
         best[(seq_len, num_pairs, method)] = max(found, key=lambda r: selection_key(r[0]))[1:]
-  last_len, last_pairs = g['sweep_cells'][-1]
+
+  def at_best(method, sweep_cell, cell, seed):
+    """The run of ``method`` at ``cell`` with its best (rate, extra) of ``sweep_cell``."""
+    lr, extra = best[(*sweep_cell, method)]
+    return (zoology_name(method, *cell, w, lr, seed),
+            _cell(*cell, w, method=method, seed=seed, **extra))
+
+  last = g['sweep_cells'][-1]
   later = []
   for seed in (g['seeds'] if g['long_cell'] else ()):
-    long_len, long_pairs = g['long_cell']
     for method in g['methods']:
-      choice = best.get((last_len, last_pairs, method))
-      if choice is None:
+      if (*last, method) not in best:
         waiting += 1
         continue
-      lr, extra = choice
-      entry = (zoology_name(method, long_len, long_pairs, w, lr, seed),
-               _cell(long_len, long_pairs, w, method=method, seed=seed, **extra))
-      (runs if seed == 0 else later).append(entry)
+      (runs if seed == 0 else later).append(at_best(method, last, g['long_cell'], seed))
   pair = []
   for seed in g['seeds'][1:]:
-    for seq_len, num_pairs in g['sweep_cells']:
-      paired = all((seq_len, num_pairs, m) in best for m in COULOMB_PAIR)
+    for cell in g['sweep_cells']:
+      paired = all((*cell, m) in best for m in COULOMB_PAIR)
       for method in g['methods']:
-        choice = best.get((seq_len, num_pairs, method))
-        if choice is None:
+        if (*cell, method) not in best:
           waiting += 1
           continue
-        lr, extra = choice
-        entry = (zoology_name(method, seq_len, num_pairs, w, lr, seed),
-                 _cell(seq_len, num_pairs, w, method=method, seed=seed, **extra))
+        entry = at_best(method, cell, cell, seed)
         (pair if paired and method in COULOMB_PAIR else runs).append(entry)
   fixed = []
   for seq_len, num_pairs in (g['sweep_cells'] if g.get('coulomb_seeds') else ()):
