@@ -390,11 +390,5 @@ if __name__ == '__main__':
   flags.DEFINE_string('results', RESULTS, 'The committed results file: a run given it also '
                       'writes there the part of results.json the page is rendered from; '
                       '--page_from_results reads it.')
-  flags.DEFINE_bool('page_from_results', False, 'Only rewrite --page\'s synthetic block and its '
-                    'four figures in --figures from --results; nothing is run, nothing else '
-                    'written.')
-  flags.DEFINE_string('page', 'docs/synthetic.md', 'With --page_from_results: the page whose '
-                      'synthetic block is rewritten.')
-  flags.DEFINE_string('figures', 'docs/figures', 'With --page_from_results: the folder of the '
-                      'page\'s figures.')
+  cli.define_page_flags('synthetic', 'four figures', 'docs/synthetic.md')
   cli.run(main)

@@ -235,6 +235,19 @@ def fail(message: str, exit_now: bool = False) -> None:
   sys.exit(2)
 
 
+def define_page_flags(block: str, figures: str, page: str) -> None:
+  """``--page_from_results``, ``--page`` and ``--figures`` of a study whose page has one
+  generated ``block`` and ``figures`` (in words, e.g. 'four figures') drawn from its
+  ``--results``: rewrite them from that file alone, running nothing."""
+  flags.DEFINE_bool('page_from_results', False, f'Only rewrite --page\'s {block} block and '
+                    f'its {figures} in --figures from --results; nothing is run, nothing '
+                    'else written.')
+  flags.DEFINE_string('page', page, f'With --page_from_results: the page whose {block} '
+                      'block is rewritten.')
+  flags.DEFINE_string('figures', 'docs/figures', 'With --page_from_results: the folder of the '
+                      'page\'s figures.')
+
+
 def parse_flags(argv: Sequence[str], config_flags: Sequence[str] = ('config',),
                 flag_values: flags.FlagValues = flags.FLAGS) -> list:
   """``flag_values(argv)``, loading every config flag now; one-line ``fail`` on a mistake."""

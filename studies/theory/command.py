@@ -374,11 +374,5 @@ def launch() -> None:
   flags.DEFINE_string('workdir', None, 'Directory for theory.json, theory.md and figures.')
   flags.DEFINE_string('results', RESULTS, 'The committed results file: a run given it also '
                       'writes its theory.json there; --page_from_results reads it.')
-  flags.DEFINE_bool('page_from_results', False, 'Only rewrite --page\'s theory block and its '
-                    'three figures in --figures from --results; nothing is run, nothing else '
-                    'written.')
-  flags.DEFINE_string('page', 'docs/theory.md', 'With --page_from_results: the page whose '
-                      'theory block is rewritten.')
-  flags.DEFINE_string('figures', 'docs/figures', 'With --page_from_results: the folder of the '
-                      'page\'s figures.')
+  cli.define_page_flags('theory', 'three figures', 'docs/theory.md')
   cli.run(main)
