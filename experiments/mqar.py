@@ -6,7 +6,8 @@ r"""Multi-query associative recall (MQAR): one causal-LM run, or a grid of them.
 One run trains ``coulomb_jax.layers.lm.CausalLM`` with the attention method of ``config.method``
 (``experiments/recall/methods.py``) and writes ``<workdir>/result.json``
 (``experiments/recall/run.py``). With ``--grid``, every run of the plan
-(``experiments/recall/grid.py``) goes to ``<workdir>/<run name>/``; start one worker per
+(``experiments/recall/grid.py``; Zoology's protocol, ``--grid=zoology*``:
+``experiments/recall/zoology.py``) goes to ``<workdir>/<run name>/``; start one worker per
 core with the same command (runs are claimed with a lock, finished ones skipped,
 unfinished ones resumed), and after each run the worker rewrites ``--results`` from all
 finished runs, keeping the runs the file holds that the workdir lacks. ``--collect_only``:

@@ -123,6 +123,10 @@ def zoology_plan(root: str, grid: dict = None):
   runs (validation batch, never the test batch).
   """
   g = grid or ZOOLOGY
+  if g.get('coulomb_seeds') and g['coulomb_rate'] not in g['learning_rates']:
+    # its seed-0 runs would never be planned: the later seeds would wait for ever
+    raise ValueError(f'coulomb_rate {g["coulomb_rate"]!r} is not one of the grid\'s '
+                     f'learning_rates {g["learning_rates"]}.')
   w = g['width']
   runs, waiting = [], 0
   eta = {}

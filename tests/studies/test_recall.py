@@ -341,6 +341,8 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
         {'valid_accuracy': 0.1, 'valid_loss': 1.0}))
   names = [n for n, _ in zoology.zoology_plan(str(tmp_path), again)[0]]
   assert len(names) == len(set(names))
+  with pytest.raises(ValueError, match=r'^coulomb_rate 0\.003 is not one of'):
+    zoology.zoology_plan(str(tmp_path), dict(long_grid, coulomb_rate=3e-3))
   assert names[3:7] == [zoology.zoology_name(m, 64, 4, 64, 2.154e-3, s)
                         for s in (1, 2) for m in zoology.COULOMB_PAIR]
 

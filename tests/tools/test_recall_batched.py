@@ -135,7 +135,7 @@ def test_the_coulomb_effect_pairs_the_two_particle_methods_by_seed_at_their_best
           row('particles_softmax', 1e-3, 2, 0.0, 0.70, 0.09),
           row('particles_flow', 1e-2, 0, 0.8, 0.40), row('particles_flow', 1e-3, 0, 0.3, 0.45),
           row('particles_flow', 1e-2, 1, 0.0, 0.40), row('particles_flow', 1e-2, 2, 0.0, 0.55),
-          row('particles_flow', 1e-3, 1, 0.0, 0.99)]   # not at flow's chosen rate: unused
+          row('particles_flow', 1e-3, 1, 0.0, 0.99)]   # not at flow's chosen rate: by_rate only
   effect = zoology.coulomb_effect(rows, zoology.zoology_best(rows))
   e = effect['64/4/64']
   assert e['learning_rates'] == [1e-3, 1e-2] and e['seeds'] == [0, 1, 2]
@@ -154,6 +154,18 @@ def test_the_coulomb_effect_pairs_the_two_particle_methods_by_seed_at_their_best
   assert at['0.001']['difference']['mean'] == pytest.approx(d_fixed.mean())
   assert at['0.001']['interval_95'] == pytest.approx([d_fixed.mean() - half,
                                                       d_fixed.mean() + half])
+  # The page shows it (a rate not both methods' choice), never a rate both chose.
+  from experiments.recall import zoology_page  # pylint: disable=g-import-not-at-top
+  line = zoology_page.coulomb_lines(effect)[-1]
+  assert (f'paired by seed at 0.001: {d_fixed.mean():+.3f} (n = 2, '
+          f'[{d_fixed.mean() - half:+.3f}, {d_fixed.mean() + half:+.3f}])') in line
+  both = dict(e, learning_rates=[1e-3, 1e-3])
+  assert 'paired by seed at' not in zoology_page.coulomb_lines({'64/4/64': both})[-1]
+  # With η swept (the batched grid) only the runs at each method's chosen η are paired.
+  swept = rows + [dict(r, particle_step_size=3e-3, valid_accuracy=0.0, accuracy=0.0)
+                  for r in rows]
+  assert zoology.coulomb_effect(swept, zoology.zoology_best(swept))['64/4/64'][
+      'by_rate'] == at
   assert e['calibration']['force_ratio'] == [0.09, 0.1, 0.12]
   # One method alone in a cell: no entry; one seed: no interval.
   assert zoology.coulomb_effect(rows[:4], zoology.zoology_best(rows[:4])) == {}
