@@ -339,12 +339,7 @@ def main(argv):
   record = {'benchmark': 'attention', 'command': f'python -m benchmarks.attention {flag_text}',
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': commit, 'machine': provenance.machine(), 'rows': rows}
-  os.makedirs(_OUT.value, exist_ok=True)
-  stem = os.path.join(_OUT.value, 'attention')
-  provenance.write_json_atomic(stem + '.json', record, indent=1)   # first: what was measured
-  text = markdown(record)
-  print(text)
-  provenance.write_atomic(stem + '.md', text)
+  pages.write_record(_OUT.value, 'attention', record, markdown)
 
 
 if __name__ == '__main__':

@@ -21,7 +21,6 @@ before anything is computed or written.
 
 import datetime
 import json
-import os
 
 from absl import flags
 import jax
@@ -139,12 +138,7 @@ def main(argv):
                                                   ('naive_max_n', _NAIVE_MAX_N.value))),
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': provenance.git_commit(), 'machine': provenance.machine(), 'rows': rows}
-  os.makedirs(_OUT.value, exist_ok=True)
-  stem = os.path.join(_OUT.value, f'hamiltonian_{_MAP.value}')
-  provenance.write_json_atomic(stem + '.json', record, indent=1)   # first: what was measured
-  text = markdown(record)
-  print(text)
-  provenance.write_atomic(stem + '.md', text)
+  pages.write_record(_OUT.value, f'hamiltonian_{_MAP.value}', record, markdown)
 
 
 if __name__ == '__main__':

@@ -7,11 +7,13 @@ rewrites the page from the committed JSON alone, byte for byte, with nothing mea
   python -m benchmarks.attention --page_from_results --out=benchmarks/results
 """
 
+import os
 import shlex
 from typing import Callable, Sequence
 
 from experiments.analysis import loading
 from experiments.common import cli
+from experiments.common import provenance
 
 
 def command_flags(command: str) -> dict[str, str]:
@@ -31,3 +33,16 @@ def rewrite_page(out: str, stem: str, markdown: Callable[[dict], str],
   ``loading.rewrite_page_beside``'s refusals. Returns the page's path."""
   cli.refuse_beside_page_from_results('--out', run_flags, any_value=True)
   return loading.rewrite_page_beside(out, stem, markdown)
+
+
+def write_record(out: str, stem: str, record: dict, markdown: Callable[[dict], str]) -> str:
+  """A measuring run's outputs: ``<out>/<stem>.json`` (the record, first: what was measured)
+  then ``<out>/<stem>.md`` (``markdown(record)``, printed too), each written atomically.
+  Returns the page's text."""
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, stem)
+  provenance.write_json_atomic(path + '.json', record, indent=1)
+  text = markdown(record)
+  print(text)
+  provenance.write_atomic(path + '.md', text)
+  return text

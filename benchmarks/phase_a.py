@@ -240,12 +240,7 @@ def main(argv):
             'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'commit': provenance.git_commit(), 'machine': provenance.machine(),
             'objective': objective, 'steps': steps, 'runs': runs}
-  os.makedirs(_OUT.value, exist_ok=True)
-  stem = os.path.join(_OUT.value, 'phase_a')
-  provenance.write_json_atomic(stem + '.json', record, indent=1)   # first: what was measured
-  text = markdown(record)
-  print(text)
-  provenance.write_atomic(stem + '.md', text)
+  pages.write_record(_OUT.value, 'phase_a', record, markdown)
 
 
 if __name__ == '__main__':
