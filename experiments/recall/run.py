@@ -8,7 +8,10 @@ r"""One MQAR run: check the config, train (resuming from the last checkpoint), e
 * ``result.json``: the binding row of ``results/mqar.json`` (seq_len, num_pairs, width,
   method, num_features, seed, accuracy, train_seconds) plus loss, steps, vocab, num_train
   and provenance, and for the kernel methods the particles' diversity at initialisation and
-  at the end (``particle_diversity``). A finished run is not trained again.
+  at the end (``particle_diversity``); with early stopping on, ``valid_curve``
+  ``{step, accuracy, loss}`` on the validation batch at every ``train.eval_every`` steps
+  (kept in the checkpoint; a run resumed from a checkpoint older than the curve has it
+  from the resume on). A finished run is not trained again.
 
 Training batches: with ``data.train_examples = 0`` step t draws
 ``mqar_batch(fold_in(k_train, t), batch_size, ...)``, so every step sees fresh sequences and
@@ -123,18 +126,28 @@ def _check_workdir(config, workdir: str) -> None:
 
 
 def _restore(workdir: str, state):
+  """``(state, step, seconds, valid curve)`` of the checkpoint (a checkpoint written
+  before the curve was kept: an empty curve, so it starts at the resume)."""
   path = os.path.join(workdir, CHECKPOINT_FILE)
   if not os.path.exists(path):
-    return state, 0, 0.0
+    return state, 0, 0.0, _curve()
   with open(path, 'rb') as f:
     blob = serialization.msgpack_restore(f.read())
   state = serialization.from_state_dict(state, blob['state'])
-  return state, int(blob['step']), float(blob['seconds'])
+  curve = _curve(**blob.get('valid_curve', {}))
+  return state, int(blob['step']), float(blob['seconds']), curve
 
 
-def _save(workdir: str, state, step: int, seconds: float) -> None:
+def _curve(step=(), accuracy=(), loss=()) -> dict:
+  """The validation curve: ``{step, accuracy, loss}``, one entry per evaluation."""
+  return {'step': [int(x) for x in step], 'accuracy': [float(x) for x in accuracy],
+          'loss': [float(x) for x in loss]}
+
+
+def _save(workdir: str, state, step: int, seconds: float, curve: dict) -> None:
   blob = serialization.msgpack_serialize(
-      {'step': step, 'seconds': seconds, 'state': serialization.to_state_dict(state)})
+      {'step': step, 'seconds': seconds, 'state': serialization.to_state_dict(state),
+       'valid_curve': curve})
   with provenance.atomic_open(os.path.join(workdir, CHECKPOINT_FILE), 'wb') as f:
     f.write(blob)
 
@@ -317,7 +330,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
     state = make(method)
     log(f'{workdir}: calibrated ' + ', '.join(f'{k} {v:.4g}' for k, v in calibration.items()))
   initial_diversity = particle_diversity(jax.device_get(state.params))
-  state, step, seconds = _restore(workdir, state)
+  state, step, seconds, curve = _restore(workdir, state)
   saved_step = step
   if step:
     log(f'{workdir}: resumed at step {step} of {t.steps}')
@@ -337,13 +350,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
           f'accuracy {float(metrics["accuracy"]):.4f}')
     seconds += time.time() - start
     if t.early_stop and (step % t.eval_every == 0 or step == t.steps):
-      accuracy = valid()['accuracy']
+      checked = valid()
+      accuracy = checked['accuracy']
+      curve['step'].append(step)
+      curve['accuracy'].append(float(accuracy))
+      curve['loss'].append(float(checked['loss']))
       if accuracy >= t.early_stop:
         stopped = step
         log(f'{workdir}: validation accuracy {accuracy:.4f} >= {t.early_stop} at step {step}: '
             f'early stop')
     if step % t.checkpoint_every == 0 or step == t.steps or stopped:
-      _save(workdir, state, step, seconds)
+      _save(workdir, state, step, seconds, curve)
       saved_step = step
     if stopped:
       break
@@ -353,6 +370,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
   valid_metrics = valid()
   row['valid_accuracy'] = float(valid_metrics['accuracy'])
   row['valid_loss'] = float(valid_metrics['loss'])
+  if curve['step']:
+    row['valid_curve'] = curve
   if calibration is not None:
     row['calibration'] = calibration
   if initial_diversity:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -70,6 +71,32 @@ def test_a_run_writes_its_row_and_resumes_from_its_checkpoint(tmp_path):
   again = run.train_and_evaluate(config, workdir, log=logs.append)
   assert any('resumed at step 4 of 4' in line for line in logs)
   assert again['accuracy'] == row['accuracy'] and again['loss'] == pytest.approx(row['loss'])
+
+
+@pytest.mark.slow
+def test_the_validation_curve_is_kept_across_a_resume(tmp_path):
+  # With early stopping on, the validation batch at every eval_every steps: the curve of a
+  # run killed after step 2 and resumed equals the uninterrupted run's, and its last point
+  # is the row's validation accuracy.
+  config = grid.apply_overrides(quick('elu'), {'train.early_stop': 1.0, 'train.steps': 6})
+  whole = run.train_and_evaluate(config, str(tmp_path / 'whole'), log=lambda *_: None)
+  curve = whole['valid_curve']
+  assert curve['step'] == [2, 4, 6] and len(curve['accuracy']) == len(curve['loss']) == 3
+  assert curve['accuracy'][-1] == pytest.approx(whole['valid_accuracy'])
+  assert curve['loss'][-1] == pytest.approx(whole['valid_loss'])
+  cut = str(tmp_path / 'cut')
+  run.train_and_evaluate(grid.apply_overrides(config, {'train.steps': 2}), cut + '_2',
+                         log=lambda *_: None)
+  os.makedirs(cut)
+  shutil.copy(os.path.join(cut + '_2', run.CHECKPOINT_FILE), cut)
+  logs = []
+  resumed = run.train_and_evaluate(config, cut, log=logs.append)
+  assert any('resumed at step 2 of 6' in line for line in logs)
+  assert resumed['valid_curve']['step'] == curve['step']
+  assert resumed['valid_curve']['accuracy'] == pytest.approx(curve['accuracy'])
+  # Without early stopping no validation batch is evaluated during training: no curve.
+  assert 'valid_curve' not in run.train_and_evaluate(quick('elu'), str(tmp_path / 'plain'),
+                                                     log=lambda *_: None)
 
 
 @pytest.mark.slow
