@@ -370,6 +370,7 @@ def main(argv):
       if FLAGS.page:
         check_outputs(page=FLAGS.page, figure=figure)
         check_outputs(figure=zoology_page.state_figure_path(figure))
+        check_outputs(figure=zoology_page.curve_figure_path(figure))
       check_collect_source(FLAGS.workdir, results)
       write_zoology(config, FLAGS.workdir, results, FLAGS.runs_dir, grid=grid)
       if FLAGS.page:

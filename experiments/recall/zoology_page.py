@@ -26,13 +26,24 @@ BLOCK = 'mqar_zoology'
 FIGURE = 'docs/figures/recall_zoology_accuracy_vs_rate.png'
 
 
-def state_figure_path(figure_path: str) -> str:
-  """Where the recall–state-size figure goes: beside ``figure_path``, its ``_vs_rate``
-  turned into ``_vs_state`` (else ``<name>_state.png``)."""
+def _beside(figure_path: str, suffix: str) -> str:
+  """``figure_path`` with its ``_vs_rate`` turned into ``suffix`` (else ``suffix`` added)."""
   head, name = os.path.split(figure_path)
   stem, ext = os.path.splitext(name)
-  stem = stem[:-len('_vs_rate')] + '_vs_state' if stem.endswith('_vs_rate') else stem + '_state'
-  return os.path.join(head, stem + ext)
+  stem = stem[:-len('_vs_rate')] if stem.endswith('_vs_rate') else stem
+  return os.path.join(head, stem + suffix + ext)
+
+
+def state_figure_path(figure_path: str) -> str:
+  """Where the recall–state-size figure goes: beside ``figure_path``, its ``_vs_rate``
+  turned into ``_vs_state`` (else ``<name>_vs_state.png``)."""
+  return _beside(figure_path, '_vs_state')
+
+
+def curve_figure_path(figure_path: str) -> str:
+  """Where the validation-curve figure goes: beside ``figure_path``, its ``_vs_rate``
+  turned into ``_vs_step`` (else ``<name>_vs_step.png``)."""
+  return _beside(figure_path, '_vs_step')
 
 
 def _load(path: str) -> dict:
@@ -143,6 +154,49 @@ def state_figure(tables, path: str) -> str:
   return plots.save(fig, path)
 
 
+def curve_panels(tables) -> list:
+  """``[(label, (seq_len, num_pairs, width), rows)]``: per results file and cell, the runs
+  that kept a validation curve (``valid_curve``), in file order."""
+  panels = []
+  for label, table in tables:
+    rows = [r for r in table['runs'] if r.get('valid_curve')]
+    for cell in sorted({(r['seq_len'], r['num_pairs'], r['width']) for r in rows}):
+      panels.append((label, cell, [r for r in rows
+                                   if (r['seq_len'], r['num_pairs'], r['width']) == cell]))
+  return panels
+
+
+def curve_figure(panels, path: str) -> str:
+  """Validation accuracy against the training step of every run in ``panels``
+  (``curve_panels``): one colour per method, one line style per learning rate, one
+  marker per seed; dotted: 1/P."""
+  plt = plots.pyplot()
+  fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels) + 2, 3.8), squeeze=False)
+  used, rates, seeds = {}, {}, {}
+  for ax, (label, (seq_len, pairs, width), rows) in zip(axes[0], panels):
+    for r in sorted(rows, key=lambda r: (r['method'], r['learning_rate'], r['seed'])):
+      i = methods.METHODS.index(r['method']) if r['method'] in methods.METHODS else 9
+      k = rates.setdefault(r['learning_rate'], len(rates))
+      m = seeds.setdefault(r['seed'], len(seeds))
+      c = r['valid_curve']
+      ax.plot(c['step'], c['accuracy'], color=f'C{i}', linestyle=('-', '--', ':', '-.')[k % 4],
+              marker='os^dv'[m % 5], markersize=3, linewidth=1)
+      used[r['method']] = i
+    ax.axhline(1.0 / pairs, color='grey', linewidth=0.8, linestyle=':')
+    ax.set_xlabel('training step')
+    ax.set_ylabel('validation accuracy at answer positions')
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f'L = {seq_len}, {pairs} pairs, width {width}\n({label})', fontsize=8)
+  handles = ([Line2D([], [], color=f'C{i}', label=m) for m, i in used.items()]
+             + [Line2D([], [], color='black', linestyle=('-', '--', ':', '-.')[k % 4],
+                       label=f'rate {lr:g}') for lr, k in rates.items()]
+             + [Line2D([], [], color='black', linestyle='none', marker='os^dv'[m % 5],
+                       label=f'seed {s}') for s, m in seeds.items()])
+  axes[0][-1].legend(handles=handles, fontsize=6, loc='center left', bbox_to_anchor=(1.0, 0.5))
+  fig.tight_layout()
+  return plots.save(fig, path)
+
+
 def Line2D(*args, **kwargs):  # pylint: disable=invalid-name
   """A legend handle (matplotlib imported only when a figure is drawn)."""
   from matplotlib import lines  # pylint: disable=g-import-not-at-top
@@ -215,15 +269,19 @@ def table_lines(tables) -> list:
 
 
 def write(results_files: Sequence[str], page: str, figure_path: str = FIGURE) -> None:
-  """The block ``mqar_zoology`` of ``page`` and its two figures (``figure_path`` and, beside
-  it, ``state_figure_path(figure_path)``) from ``results_files``."""
+  """The block ``mqar_zoology`` of ``page`` and its figures (``figure_path`` and, beside
+  it, ``state_figure_path(figure_path)``; ``curve_figure_path(figure_path)`` where a run
+  kept its validation curve) from ``results_files``."""
   tables = [(_label(p, t), t) for p, t in ((p, _load(p)) for p in results_files)]
   state_path = state_figure_path(figure_path)
   figure(tables, figure_path)
   state_figure(tables, state_path)
-  begin, end = page_lib.markers(BLOCK)
   rel = lambda path: os.path.relpath(path, os.path.dirname(page))
-  page_block.write_block(page, begin, end,
-                         [f'![accuracy against the learning rate]({rel(figure_path)})', '',
-                          f'![accuracy against the state size]({rel(state_path)})', '']
-                         + table_lines(tables))
+  images = [f'![accuracy against the learning rate]({rel(figure_path)})', '',
+            f'![accuracy against the state size]({rel(state_path)})', '']
+  panels = curve_panels(tables)
+  if panels:
+    curve_path = curve_figure(panels, curve_figure_path(figure_path))
+    images += [f'![validation accuracy against the step]({rel(curve_path)})', '']
+  begin, end = page_lib.markers(BLOCK)
+  page_block.write_block(page, begin, end, images + table_lines(tables))

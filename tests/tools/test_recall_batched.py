@@ -254,6 +254,46 @@ def test_the_committed_zoology_block_is_the_committed_results_files(tmp_path):
   assert block(page.read_text()) == block(committed)
 
 
+def test_runs_that_kept_a_validation_curve_get_a_third_figure(tmp_path):
+  from experiments.recall import zoology_page  # pylint: disable=g-import-not-at-top
+  def run_row(method, seed, curve=True, seq_len=64):
+    row = dict(_row(1e-3, 3e-3, seed, 0.5, 0.4), method=method, seq_len=seq_len,
+               num_pairs=seq_len // 16, state_size=4096, learning_rate=1e-3, steps_run=500,
+               commit='abc', machine={})
+    if curve:
+      row['valid_curve'] = {'step': [250, 500], 'accuracy': [0.2, 0.3], 'loss': [5.0, 4.0]}
+    return row
+  rows = [run_row('particles_softmax', 0), run_row('particles_flow', 0),
+          run_row('particles_flow', 1, curve=False), run_row('elu', 0, seq_len=128)]
+  protocol = {'vocab': 8192, 'train_examples': 100, 'steps': 500, 'batch': 4,
+              'schedule': 'cosine', 'early_stop': 0.99, 'learning_rates': [1e-3],
+              'where': 'cpu'}
+  table = zoology.zoology_file(rows, [], protocol)
+  panels = zoology_page.curve_panels([('a', table), ('b', dict(table, runs=rows[2:3]))])
+  # Per file and cell, only the runs with a curve; a file with none has no panel.
+  assert [(label, cell, sorted(r['method'] for r in got)) for label, cell, got in panels] == [
+      ('a', (64, 4, 64), ['particles_flow', 'particles_softmax']),
+      ('a', (128, 8, 64), ['elu'])]
+  path = tmp_path / 'figures' / 'recall_zoology_accuracy_vs_rate.png'
+  assert zoology_page.curve_figure_path(str(path)).endswith('recall_zoology_accuracy_vs_step.png')
+  (tmp_path / 'figures').mkdir()
+  files = []
+  for name, runs in (('with.json', rows), ('without.json', rows[2:3])):
+    files.append(str(tmp_path / name))
+    with open(files[-1], 'w') as f:
+      json.dump(zoology.zoology_file(runs, [], protocol), f)
+  for chosen, drawn in ((files, True), (files[1:], False)):
+    page = tmp_path / 'recall.md'
+    begin, end = zoology_page.page_lib.markers(zoology_page.BLOCK)
+    page.write_text(f'{begin}\n{end}\n')
+    curve_png = tmp_path / 'figures' / 'recall_zoology_accuracy_vs_step.png'
+    if curve_png.exists():
+      curve_png.unlink()
+    zoology_page.write(chosen, str(page), str(path))
+    assert curve_png.exists() == drawn
+    assert ('](figures/recall_zoology_accuracy_vs_step.png)' in page.read_text()) == drawn
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('grid', ['', 'zoology', 'zoology_long'])
 def test_a_bad_page_or_figure_changes_no_file(tmp_path, grid):
