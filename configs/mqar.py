@@ -110,6 +110,10 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # drift_to_noise > 0 replaces beta: β set at step 0 so that the median particle's drift
   # η·N·‖clip(∇H)‖ is drift_to_noise × the RMS noise norm √(2η/β)·√D_h.
   config.particles.drift_to_noise = 0.0
+  # The Langevin step over the run: 'constant' (η every step, the paper's dynamics) or
+  # 'cosine' (η·½(1 + cos(πt/T)) over train.steps: drift and noise annealed to 0 with the
+  # rest's cosine rate, so the particles settle while the rest can still follow).
+  config.particles.schedule = 'constant'
   # Data term: 'cross_entropy' (Hedgehog's loss), 'kl' or 'alignment'.
   config.particles.target = 'cross_entropy'
   # Sequences of the batch the force is computed on.

@@ -396,9 +396,16 @@ def count_nonfinite(tree) -> jax.Array:
   return sum(counts, jnp.zeros([], jnp.int32))
 
 
-def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius: float,
+def langevin_transform(key: jax.Array, *, step_size: Union[float, optax.Schedule],
+                       beta: float, radius: float,
                        clip_norm: Optional[float] = None) -> optax.GradientTransformation:
   r"""The Langevin step as an optax ``GradientTransformation``.
+
+  ``step_size``: η, or an optax schedule ``count → η_t`` (e.g.
+  ``optax.cosine_decay_schedule(η, T)``), so step t (counted from 0) moves by
+  P_R(ω − η_t·N·clip(g) + √(2η_t/β)ξ): a decreasing η_t anneals drift and noise together
+  (stochastic-gradient Langevin with a decaying step); η_t = 0 leaves a particle inside
+  the ball where it is. A schedule's values are not checked (they may be traced).
 
   ``update(grads, state, params)`` needs ``params`` (the particles): it returns
   ``updates = P_R(ω − η·N·clip(g) + √(2η/β)ξ) − ω`` for every leaf, so
@@ -421,7 +428,8 @@ def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius:
   ``optax.tree_utils.tree_get(opt_state, 'nonfinite_grads')``) and stop on a non-zero one.
   """
   _checks.check_key('key', key)
-  _check_step_args(step_size, beta, radius, clip_norm)
+  scheduled = callable(step_size)
+  _check_step_args(1.0 if scheduled else step_size, beta, radius, clip_norm)
 
   def init_fn(params):
     del params
@@ -436,6 +444,7 @@ def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius:
     leaves, treedef = jax.tree.flatten(params)
     grads = treedef.flatten_up_to(updates)
     keys = jax.random.split(jax.random.fold_in(state.rng_key, state.count), len(leaves))
+    eta = step_size(state.count) if scheduled else step_size
     new_updates = []
     for k, p, g in zip(keys, leaves, grads):
       _checks.check_min_rank('params leaf', p, 2)
@@ -445,7 +454,7 @@ def langevin_transform(key: jax.Array, *, step_size: float, beta: float, radius:
                          f'particles to {p.dtype}).')
       _checks.check_finite('params leaf', p)
       _checks.check_finite('updates leaf', g)
-      new, _ = _move(k, p, g, step_size=step_size, beta=beta, radius=radius,
+      new, _ = _move(k, p, g, step_size=eta, beta=beta, radius=radius,
                      num_particles=p.shape[-2])
       if new.dtype.itemsize < 4:   # bf16/float16: a float32 update lands on `new` exactly.
         new_updates.append(new.astype(jnp.float32) - p.astype(jnp.float32))

@@ -108,7 +108,9 @@ def build(config, key: jax.Array, *, lam: Optional[float] = None,
 
   ``lam``, ``beta``: the Langevin methods' repulsion weight and inverse temperature when
   calibrated at step 0 (None: ``config.particles.lam`` / ``.beta``); ``particles_flow``
-  always has λ = 0 and β = ∞. ``step_size``: η (None: ``config.particles.step_size``).
+  always has λ = 0 and β = ∞. ``step_size``: η (None: ``config.particles.step_size``);
+  with ``config.particles.schedule = 'cosine'`` step t moves by η·½(1 + cos(πt/T)),
+  T = ``config.train.steps`` (drift and noise annealed with the rest's rate).
   All three may be traced (one value per run of a vmapped program, ``batched``).
   """
   m, p = config.model, config.particles
@@ -135,6 +137,8 @@ def build(config, key: jax.Array, *, lam: Optional[float] = None,
     lam = p.lam if lam is None else lam
     beta = p.beta if beta is None else beta
   step_size = p.step_size if step_size is None else step_size
+  if p.schedule == 'cosine':              # η follows the rest's cosine over the run
+    step_size = optax.cosine_decay_schedule(step_size, config.train.steps)
   tx = langevin.langevin_transform(key, step_size=step_size, beta=beta, radius=p.radius,
                                    clip_norm=p.clip_norm)
   return Method(model, tx, mimicry_settings(config, lam), feature_map)

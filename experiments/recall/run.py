@@ -97,6 +97,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     checks.check_nonnegative('config.train.weight_decay', t.weight_decay)
     for name in ('step_size', 'beta', 'radius', 'clip_norm'):
       checks.check_positive(f'config.particles.{name}', p[name])
+    if p.schedule not in SCHEDULES:
+      raise ValueError(f'config.particles.schedule must be one of {SCHEDULES}, '
+                       f'got {p.schedule!r}.')
     checks.check_nonnegative('config.particles.lam', p.lam)
     checks.check_nonnegative('config.particles.softening', p.softening)
     if p.target not in mimicry.TARGETS:
@@ -113,6 +116,19 @@ def _keys(seed: int):
           enumerate(('init', 'train', 'eval', 'langevin', 'valid', 'shuffle'))}
 
 
+# Config fields added after runs were started, with the value that reproduces what those
+# runs did: a saved config.json without the field is that value's run (and resumes).
+ADDED_FIELDS = {('particles', 'schedule'): 'constant'}
+
+
+def with_added_fields(saved: dict) -> dict:
+  """A saved ``config.json`` (a dict) with every field of ``ADDED_FIELDS`` it lacks."""
+  for (section, field), value in ADDED_FIELDS.items():
+    if isinstance(saved.get(section), dict):
+      saved[section].setdefault(field, value)
+  return saved
+
+
 def _check_workdir(config, workdir: str) -> None:
   path = os.path.join(workdir, CONFIG_FILE)
   if os.path.isfile(workdir):
@@ -120,7 +136,7 @@ def _check_workdir(config, workdir: str) -> None:
   if os.path.exists(path):
     with open(path) as f:
       old = f.read()
-    if json.loads(old) != json.loads(config.to_json()):
+    if with_added_fields(json.loads(old)) != json.loads(config.to_json()):
       raise cli.ConfigError(f'--workdir: {workdir} holds a run of another config ({path}); '
                             f'use a new workdir.')
 

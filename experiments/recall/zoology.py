@@ -346,6 +346,7 @@ def _zoology_protocol(config, where: str, grid: dict) -> dict:
           'num_layers': m.num_layers, 'num_heads': m.num_heads, 'mlp_ratio': m.mlp_ratio,
           'num_features': m.num_features, 'causal_path': m.causal_path,
           'particles': {'relative_lam': p.relative_lam, 'drift_to_noise': p.drift_to_noise,
+                        'schedule': p.schedule,
                         'radius': p.radius, 'clip_norm': p.clip_norm, 'target': p.target,
                         'rows': p.rows, 'riesz_s': p.riesz_s,
                         'pilot_step_sizes': list(grid['pilot_step_sizes']),

@@ -76,7 +76,7 @@ def read_teacher(teacher_dir: str):
                             f'({os.path.basename(path)} missing).')
   try:
     with open(paths[0]) as f:
-      config = ml_collections.ConfigDict(json.load(f))
+      config = ml_collections.ConfigDict(run_lib.with_added_fields(json.load(f)))
   except json.JSONDecodeError as e:
     raise cli.ConfigError(f'--teacher: {paths[0]}: not valid JSON ({e}).') from None
   if config.method != 'softmax':

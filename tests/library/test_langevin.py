@@ -247,6 +247,29 @@ def test_transform_matches_step_and_composes_with_partition():
   np.testing.assert_array_equal(new['dense'], params['dense'])
 
 
+def test_a_scheduled_step_size_moves_step_t_by_its_own_eta():
+  # step_size = a schedule: step t is langevin_step with η_t = schedule(t) and the noise of
+  # step t's key (fold_in(key, t) split over the leaves: one leaf here); at η_t = 0
+  # nothing moves (inside the ball).
+  omega, x, y = _problem()
+  key = jax.random.key(3)
+  grad_fn = jax.grad(lambda w: hl.hamiltonian(w, x, y, feature_map='rff', lam=0.5))
+  schedule = optax.cosine_decay_schedule(0.05, 2)          # 0.05, 0.025, 0.0
+  tx = langevin.langevin_transform(key, step_size=schedule, beta=50.0, radius=10.0,
+                                   clip_norm=1.0)
+  state = tx.init(omega)
+  params = omega
+  for t, eta in enumerate((0.05, 0.025)):
+    step_key = jax.random.split(jax.random.fold_in(key, t), 1)[0]
+    expected = langevin.langevin_step(step_key, params, grad_fn(params),
+                                      step_size=eta, beta=50.0, radius=10.0, clip_norm=1.0)
+    updates, state = jax.jit(tx.update)(grad_fn(params), state, params)
+    params = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(params, expected, rtol=1e-5, atol=1e-6)
+  updates, _ = tx.update(grad_fn(params), state, params)
+  np.testing.assert_array_equal(updates, jnp.zeros_like(params))
+
+
 def test_transform_noise_is_keyed_and_advances():
   params = {'a': jnp.zeros((4, 2)), 'b': jnp.zeros((2, 5, 3))}
   zeros = jax.tree.map(jnp.zeros_like, params)

@@ -6,6 +6,9 @@ import shutil
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import mqar as mqar_config
@@ -25,7 +28,6 @@ def quick(method='softmax'):
 
 @pytest.mark.parametrize('method', methods.METHODS)
 def test_every_method_builds_with_n_features(method):
-  import jax  # pylint: disable=g-import-not-at-top
   from coulomb_jax import features  # pylint: disable=g-import-not-at-top
   config = quick(method)
   n = config.model.num_features
@@ -105,6 +107,39 @@ def test_a_workdir_of_another_config_is_refused(tmp_path):
   run.train_and_evaluate(quick(), workdir, log=lambda *_: None)
   with pytest.raises(cli.ConfigError, match='another config'):
     run.train_and_evaluate(quick('elu'), workdir)
+  # A run saved before a field was added (run.ADDED_FIELDS) is that field's old value's
+  # run: it is read back, and refused under another value.
+  path = os.path.join(workdir, run.CONFIG_FILE)
+  with open(path) as f:
+    saved = json.load(f)
+  del saved['particles']['schedule']
+  with open(path, 'w') as f:
+    json.dump(saved, f)
+  assert run.train_and_evaluate(quick(), workdir, log=lambda *_: None)['method'] == (
+      quick().method)
+  with pytest.raises(cli.ConfigError, match='another config'):
+    run.train_and_evaluate(grid.apply_overrides(quick(), {'particles.schedule': 'cosine'}),
+                           workdir)
+
+
+def test_a_cosine_particle_schedule_anneals_the_langevin_step():
+  # particles.schedule = 'cosine': the particles' transform at count t moves by
+  # η·½(1 + cos(πt/T)), T = train.steps; 'constant' by η at every count.
+  config = grid.apply_overrides(quick('particles_flow'), {'train.steps': 4})
+  params = {'w': jnp.zeros((3, 2))}     # at 0 the update is exactly the move
+  grads = {'w': jnp.full((3, 2), 0.1)}
+  moved = {}
+  for schedule in ('constant', 'cosine'):
+    tx = methods.build(grid.apply_overrides(config, {'particles.schedule': schedule}),
+                       jax.random.key_data(jax.random.key(0))).particle_tx
+    state = tx.init(params)
+    steps = []
+    for _ in range(3):
+      updates, state = tx.update(grads, state, params)
+      steps.append(float(updates['w'][0, 0]))
+    moved[schedule] = np.array(steps)
+  np.testing.assert_allclose(moved['cosine'] / moved['constant'],
+                             [1.0, 0.5 * (1 + np.cos(np.pi / 4)), 0.5], rtol=1e-5)
 
 
 @pytest.mark.parametrize('field,value,match', [
@@ -114,6 +149,7 @@ def test_a_workdir_of_another_config_is_refused(tmp_path):
     ('train.steps', 0, 'config.train.steps'),
     ('particles.target', 'mse', 'config.particles.target'),
     ('particles.beta', -1.0, 'config.particles.beta'),
+    ('particles.schedule', 'linear', 'config.particles.schedule'),
 ])
 def test_bad_config_fields_are_one_line_errors(field, value, match):
   config = quick('hedgehog')
@@ -189,8 +225,6 @@ def test_the_page_keeps_its_text_and_redraws_its_table(tmp_path):
 
 @pytest.mark.slow
 def test_conversion_copies_the_teacher_and_fits_only_the_features(tmp_path):
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from studies.mqar_convert import convert  # pylint: disable=g-import-not-at-top
   teacher_dir = str(tmp_path / 'softmax-L16-P2-w16-seed0')
   run.train_and_evaluate(quick(), teacher_dir, lambda *_: None)
