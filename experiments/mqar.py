@@ -43,6 +43,7 @@ from experiments.common import outputs
 from experiments.common import provenance
 from experiments.recall import batched as batched_lib
 from experiments.recall import grid as grid_lib
+from experiments.recall import methods
 from experiments.recall import page as page_lib
 from experiments.recall import run as run_lib
 from experiments.recall import zoology
@@ -117,10 +118,13 @@ def run_grid(config, name: str, root: str, results: str, log=run_lib.log_line) -
   return made
 
 
-def check_budget(runs, pilots, steps: int, pilot_steps, flag: str, source: str) -> None:
+def check_budget(runs, pilots, steps: int, pilot_steps, flag: str, source: str,
+                 schedule: str = 'constant') -> None:
   """One ``cli.ConfigError`` naming ``flag`` when a row of ``runs`` (read from ``source``) was
-  trained for other than ``steps`` steps, or a pilot for other than ``pilot_steps``: two
-  grids of one protocol at two budgets share run names, so never a folder or a results file."""
+  trained for other than ``steps`` steps, or a pilot for other than ``pilot_steps``, or a
+  Langevin row with another particle ``schedule`` (a row without one: 'constant', the only
+  one before the field): two grids of one protocol at two budgets or schedules share run
+  names, so never a folder or a results file."""
   for rows, want in ((runs, steps), (pilots, pilot_steps)):
     for r in rows:
       if r.get('steps') != want:
@@ -128,6 +132,12 @@ def check_budget(runs, pilots, steps: int, pilot_steps, flag: str, source: str) 
             f'{flag}: {source} holds {zoology.zoology_row_name(r)} trained for '
             f'{r.get("steps")} steps, this grid runs {want}: another budget\'s runs (give '
             f'this grid its own {flag}). Nothing was run or written.')
+      theirs = r.get('particle_schedule', 'constant')
+      if r.get('method') in methods.LANGEVIN_METHODS and theirs != schedule:
+        raise cli.ConfigError(
+            f'{flag}: {source} holds {zoology.zoology_row_name(r)} with the particles\' '
+            f'{theirs!r} schedule, this grid runs {schedule!r}: another schedule\'s runs '
+            f'(give this grid its own {flag}). Nothing was run or written.')
 
 
 def read_zoology_file(path: str):
@@ -149,11 +159,12 @@ def check_sources(config, root: str, results: str, grid=None) -> None:
   (``grid``: the grid's plan, for its pilots' steps), before a grid restores, runs or
   writes anything."""
   pilot_steps = (grid or zoology.ZOOLOGY).get('pilot_steps')
+  schedule = config.particles.schedule
   check_budget(*zoology.zoology_rows(root), config.train.steps, pilot_steps, '--workdir',
-               root)
+               root, schedule)
   if os.path.exists(results):
     check_budget(*read_zoology_file(results)[:2], config.train.steps, pilot_steps,
-                 '--results', results)
+                 '--results', results, schedule)
 
 
 def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_line,

@@ -241,6 +241,7 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
   count = jnp.zeros(len(specs), jnp.int32)
   active = jnp.ones(len(specs), bool)
   stopped = [None] * len(specs)
+  curves = [run_lib.valid_curve() for _ in specs]     # as run.py keeps them
   shuffle = [k['shuffle'] for k in keys]
   step, seconds = 0, 0.0
   while step < t.steps and any(s is None for s in stopped):
@@ -257,8 +258,12 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
       return []
     valid = scores(params, data.valid)
     for k in range(len(specs)):
-      if stopped[k] is None and t.early_stop and valid[k, 1] >= t.early_stop:
-        stopped[k] = step
+      if stopped[k] is None and t.early_stop:
+        curves[k]['step'].append(step)
+        curves[k]['accuracy'].append(float(valid[k, 1]))
+        curves[k]['loss'].append(float(valid[k, 0]))
+        if valid[k, 1] >= t.early_stop:
+          stopped[k] = step
     active = jnp.asarray([s is None for s in stopped])
     log(f'{config.method} L{d.seq_len} w{config.model.width}: step {step}/{t.steps}, '
         f'{seconds:.0f} s; validation accuracy ' +
@@ -273,6 +278,8 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
     row['valid_accuracy'] = float(valid[k, 1])
     row['valid_loss'] = float(valid[k, 0])
     row['runs_in_program'] = len(specs)
+    if curves[k]['step']:
+      row['valid_curve'] = curves[k]
     if calibration[k] is not None:
       row['calibration'] = calibration[k]
     if initial_diversity[k]:

@@ -146,16 +146,16 @@ def _restore(workdir: str, state):
   before the curve was kept: an empty curve, so it starts at the resume)."""
   path = os.path.join(workdir, CHECKPOINT_FILE)
   if not os.path.exists(path):
-    return state, 0, 0.0, _curve()
+    return state, 0, 0.0, valid_curve()
   with open(path, 'rb') as f:
     blob = serialization.msgpack_restore(f.read())
   state = serialization.from_state_dict(state, blob['state'])
-  curve = _curve(**blob.get('valid_curve', {}))
+  curve = valid_curve(**blob.get('valid_curve', {}))
   return state, int(blob['step']), float(blob['seconds']), curve
 
 
-def _curve(step=(), accuracy=(), loss=()) -> dict:
-  """The validation curve: ``{step, accuracy, loss}``, one entry per evaluation."""
+def valid_curve(step=(), accuracy=(), loss=()) -> dict:
+  """A run's validation curve: ``{step, accuracy, loss}``, one entry per evaluation."""
   return {'step': [int(x) for x in step], 'accuracy': [float(x) for x in accuracy],
           'loss': [float(x) for x in loss]}
 
@@ -247,7 +247,8 @@ def result_row(config, metrics: dict, seconds: float) -> dict:
           'learning_rate': config.train.learning_rate,
           'state_size': methods.state_size(config.method, m.num_features, m.width,
                                            m.num_heads, d.seq_len),
-          **({'particle_step_size': config.particles.step_size}
+          **({'particle_step_size': config.particles.step_size,
+              'particle_schedule': config.particles.schedule}
              if config.method in methods.LANGEVIN_METHODS else {})}
 
 

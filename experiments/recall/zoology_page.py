@@ -26,24 +26,26 @@ BLOCK = 'mqar_zoology'
 FIGURE = 'docs/figures/recall_zoology_accuracy_vs_rate.png'
 
 
-def _beside(figure_path: str, suffix: str) -> str:
-  """``figure_path`` with its ``_vs_rate`` turned into ``suffix`` (else ``suffix`` added)."""
+def _beside(figure_path: str, what: str) -> str:
+  """``figure_path`` with its ``_vs_rate`` turned into ``_vs_<what>`` (else ``_<what>``
+  added)."""
   head, name = os.path.split(figure_path)
   stem, ext = os.path.splitext(name)
-  stem = stem[:-len('_vs_rate')] if stem.endswith('_vs_rate') else stem
-  return os.path.join(head, stem + suffix + ext)
+  stem = (stem[:-len('_vs_rate')] + '_vs_' + what if stem.endswith('_vs_rate')
+          else stem + '_' + what)
+  return os.path.join(head, stem + ext)
 
 
 def state_figure_path(figure_path: str) -> str:
   """Where the recall–state-size figure goes: beside ``figure_path``, its ``_vs_rate``
-  turned into ``_vs_state`` (else ``<name>_vs_state.png``)."""
-  return _beside(figure_path, '_vs_state')
+  turned into ``_vs_state`` (else ``<name>_state.png``)."""
+  return _beside(figure_path, 'state')
 
 
 def curve_figure_path(figure_path: str) -> str:
   """Where the validation-curve figure goes: beside ``figure_path``, its ``_vs_rate``
-  turned into ``_vs_step`` (else ``<name>_vs_step.png``)."""
-  return _beside(figure_path, '_vs_step')
+  turned into ``_vs_step`` (else ``<name>_step.png``)."""
+  return _beside(figure_path, 'step')
 
 
 def _load(path: str) -> dict:

@@ -431,6 +431,29 @@ def test_a_grid_refuses_runs_and_results_of_another_budget_before_any_write(tmp_
   assert not (tmp_path / 'empty').exists() and not runs_dir.exists()
 
 
+def test_a_grid_refuses_langevin_rows_of_another_particle_schedule():
+  # A row without particle_schedule is 'constant' (runs made before the field); a cosine
+  # grid refuses it, and a constant grid a cosine row; other methods carry no schedule.
+  row = {'seq_len': 64, 'num_pairs': 4, 'width': 64, 'method': 'particles_flow', 'seed': 0,
+         'learning_rate': 2.154e-3, 'steps': 12000}
+  mqar_cmd.check_budget([row], [], 12000, 1000, '--workdir', 'w')
+  with pytest.raises(cli.ConfigError, match=r"^--workdir: w holds particles_flow-L64-P4-w64-"
+                                            r"lr2\.2e-03-seed0 with the particles' 'constant' "
+                                            r"schedule, this grid runs 'cosine'"):
+    mqar_cmd.check_budget([row], [], 12000, 1000, '--workdir', 'w', 'cosine')
+  cosine = dict(row, particle_schedule='cosine')
+  with pytest.raises(cli.ConfigError, match="'cosine' schedule, this grid runs 'constant'"):
+    mqar_cmd.check_budget([], [cosine], 12000, 12000, '--results', 'r.json')
+  mqar_cmd.check_budget([dict(row, method='taylor')], [], 12000, 1000, '--workdir', 'w',
+                        'cosine')
+  # A run's row records its schedule (Langevin methods only).
+  config = grid.apply_overrides(quick('particles_flow'), {'particles.schedule': 'cosine'})
+  assert run.result_row(config, {'accuracy': 0.5, 'loss': 1.0}, 1.0)[
+      'particle_schedule'] == 'cosine'
+  assert 'particle_schedule' not in run.result_row(quick('elu'), {'accuracy': 0.5,
+                                                                  'loss': 1.0}, 1.0)
+
+
 def test_the_long_grid_refuses_a_steps_flag_it_would_replace(tmp_path):
   out = subprocess.run([sys.executable, '-m', 'experiments.mqar',
                         '--config=configs/mqar.py:zoology', '--grid=zoology_long',

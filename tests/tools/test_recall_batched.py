@@ -48,6 +48,9 @@ def test_a_program_equals_its_runs_made_one_by_one(tmp_path, method, early_stop)
     np.testing.assert_allclose([row['loss'], row['valid_loss']],
                                [single['loss'], single['valid_loss']], rtol=1e-5)
     assert row.get('calibration') == single.get('calibration')
+    assert row['valid_curve']['step'] == single['valid_curve']['step']
+    np.testing.assert_allclose(row['valid_curve']['accuracy'],
+                               single['valid_curve']['accuracy'], rtol=1e-6)
     assert row['runs_in_program'] == len(specs)
     for key in ('learning_rate', 'seed', 'method', 'state_size'):
       assert row[key] == single[key]
@@ -276,6 +279,8 @@ def test_runs_that_kept_a_validation_curve_get_a_third_figure(tmp_path):
       ('a', (128, 8, 64), ['elu'])]
   path = tmp_path / 'figures' / 'recall_zoology_accuracy_vs_rate.png'
   assert zoology_page.curve_figure_path(str(path)).endswith('recall_zoology_accuracy_vs_step.png')
+  assert zoology_page.curve_figure_path('f/recall.png') == 'f/recall_step.png'
+  assert zoology_page.state_figure_path('f/recall.png') == 'f/recall_state.png'
   (tmp_path / 'figures').mkdir()
   files = []
   for name, runs in (('with.json', rows), ('without.json', rows[2:3])):
