@@ -52,9 +52,10 @@ from experiments.recall import zoology_page
 FLAGS = flags.FLAGS
 RUNS_DIR = 'results/runs/mqar_zoology'
 ZOOLOGY_RESULTS = ['results/mqar_zoology.json', 'results/mqar_zoology_gpu.json',
-                   'results/mqar_zoology_long.json', 'results/mqar_zoology_gpu_long.json']
+                   'results/mqar_zoology_long.json', 'results/mqar_zoology_gpu_long.json',
+                   'results/mqar_zoology_long_annealed.json']
 """The zoology grids' results files the page shows, where they exist (CPU, GPU, CPU long,
-GPU long)."""
+GPU long, CPU long with the particles' step annealed)."""
 
 
 def _run_key(row: dict) -> tuple:

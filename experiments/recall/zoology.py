@@ -18,6 +18,10 @@ from typing import List
 from experiments.analysis import intervals
 from experiments.recall import methods
 
+# The pair that isolates the Coulomb terms: the same mimicry target and Langevin step, with
+# the repulsion felt and the noise on (first) and with λ = 0 and no noise (second).
+COULOMB_PAIR = ('particles_softmax', 'particles_flow')
+
 # Issue 36: Zoology's protocol (configs/mqar.py:zoology), a learning-rate sweep per method.
 ZOOLOGY = {
     'sweep_cells': ((64, 4), (128, 8)),        # every method at every rate, seed 0
@@ -57,17 +61,26 @@ ZOOLOGY_LONG = dict(
     # by seed at one rate fixed in advance (``coulomb_effect``'s ``by_rate``).
     coulomb_seeds=(1, 2), coulomb_rate=2.154e-3)
 
+# The Coulomb pair of zoology_long with the particles' Langevin step annealed by the rest's
+# cosine (particles.schedule = 'cosine'): in zoology_long the Langevin step stays at η while
+# the rest's rate falls to 0, so near the end the particles still move (with noise, for
+# particles_softmax) where the rest can no longer follow. Does the pair's difference stay
+# when drift and noise anneal with the rest? One rate, fixed in advance (2.15e-3, the
+# rate of zoology_long's pair), seeds 0, 1 and 2; its own pilot of η.
+ZOOLOGY_LONG_ANNEALED = dict(
+    ZOOLOGY_LONG, methods=COULOMB_PAIR, learning_rates=(2.154e-3,), seeds=(0,),
+    coulomb_seeds=(1, 2), coulomb_rate=2.154e-3)
+
 # The sequential (one run per worker at a time) grids of the zoology protocol: grid ->
 # (the grid, config overrides of every run, its default results file).
 ZOOLOGY_GRIDS = {
     'zoology': (ZOOLOGY, {}, 'results/mqar_zoology.json'),
     'zoology_long': (ZOOLOGY_LONG, {'train.steps': 12000}, 'results/mqar_zoology_long.json'),
+    'zoology_long_annealed': (ZOOLOGY_LONG_ANNEALED,
+                              {'train.steps': 12000, 'particles.schedule': 'cosine'},
+                              'results/mqar_zoology_long_annealed.json'),
 }
 
-
-# The pair that isolates the Coulomb terms: the same mimicry target and Langevin step, with
-# the repulsion felt and the noise on (first) and with λ = 0 and no noise (second).
-COULOMB_PAIR = ('particles_softmax', 'particles_flow')
 
 
 def zoology_name(method, seq_len, num_pairs, width, learning_rate, seed) -> str:

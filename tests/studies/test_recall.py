@@ -431,6 +431,27 @@ def test_a_grid_refuses_runs_and_results_of_another_budget_before_any_write(tmp_
   assert not (tmp_path / 'empty').exists() and not runs_dir.exists()
 
 
+def test_the_annealed_grid_is_the_coulomb_pair_at_one_rate_with_a_cosine_step(tmp_path):
+  annealed, overrides, results = zoology.ZOOLOGY_GRIDS['zoology_long_annealed']
+  assert overrides == {'train.steps': 12000, 'particles.schedule': 'cosine'}
+  assert results == 'results/mqar_zoology_long_annealed.json'
+  for name in [n for n, _ in zoology.zoology_plan(str(tmp_path), annealed)[0]]:
+    (tmp_path / name).mkdir(parents=True)         # every pilot done: η = 3e-3 chosen
+    (tmp_path / name / 'result.json').write_text(json.dumps(
+        {'valid_accuracy': 0.3 if 'eta3e-03' in name else 0.2, 'valid_loss': 1.0}))
+  planned, waiting = zoology.zoology_plan(str(tmp_path), annealed)
+  runs = [(o['method'], o['train.learning_rate'], o['seed'], o['particles.step_size'])
+          for n, o in planned if not n.startswith('pilot/')]
+  assert runs == [(m, 2.154e-3, 0, 3e-3) for m in zoology.COULOMB_PAIR] and waiting == 4
+  config = grid.apply_overrides(mqar_config.get_config('zoology'), overrides)
+  protocol = zoology.zoology_protocol(config, 'cpu', grid=annealed)
+  assert protocol['particles']['schedule'] == 'cosine'
+  assert protocol['coulomb_seeds'] == {'seeds': [1, 2], 'learning_rate': 2.154e-3}
+  from experiments.recall import zoology_page  # pylint: disable=g-import-not-at-top
+  line = zoology_page.table_lines([('x', {'protocol': protocol, 'runs': [], 'best': {}})])[0]
+  assert line.endswith("the particles' Langevin step η follows a cosine schedule too.")
+
+
 def test_a_grid_refuses_langevin_rows_of_another_particle_schedule():
   # A row without particle_schedule is 'constant' (runs made before the field); a cosine
   # grid refuses it, and a constant grid a cosine row; other methods carry no schedule.
