@@ -259,9 +259,7 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
     valid = scores(params, data.valid)
     for k in range(len(specs)):
       if stopped[k] is None and t.early_stop:
-        curves[k]['step'].append(step)
-        curves[k]['accuracy'].append(float(valid[k, 1]))
-        curves[k]['loss'].append(float(valid[k, 0]))
+        run_lib.add_point(curves[k], step, valid[k, 1], valid[k, 0])
         if valid[k, 1] >= t.early_stop:
           stopped[k] = step
     active = jnp.asarray([s is None for s in stopped])

@@ -50,6 +50,7 @@ from coulomb_jax.tasks import mqar
 from experiments.common import cli
 from experiments.common import provenance
 from experiments.recall import methods
+from experiments.run import run_identity
 
 CONFIG_FILE = 'config.json'
 SCHEDULES = ('constant', 'cosine')
@@ -123,10 +124,7 @@ ADDED_FIELDS = {('particles', 'schedule'): 'constant'}
 
 def with_added_fields(saved: dict) -> dict:
   """A saved ``config.json`` (a dict) with every field of ``ADDED_FIELDS`` it lacks."""
-  for (section, field), value in ADDED_FIELDS.items():
-    if isinstance(saved.get(section), dict):
-      saved[section].setdefault(field, value)
-  return saved
+  return run_identity.with_added_fields(saved, ADDED_FIELDS)
 
 
 def _check_workdir(config, workdir: str) -> None:
@@ -158,6 +156,13 @@ def valid_curve(step=(), accuracy=(), loss=()) -> dict:
   """A run's validation curve: ``{step, accuracy, loss}``, one entry per evaluation."""
   return {'step': [int(x) for x in step], 'accuracy': [float(x) for x in accuracy],
           'loss': [float(x) for x in loss]}
+
+
+def add_point(curve: dict, step: int, accuracy, loss) -> None:
+  """Appends one evaluation to ``curve`` (``valid_curve``)."""
+  curve['step'].append(int(step))
+  curve['accuracy'].append(float(accuracy))
+  curve['loss'].append(float(loss))
 
 
 def _save(workdir: str, state, step: int, seconds: float, curve: dict) -> None:
@@ -369,9 +374,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
     if t.early_stop and (step % t.eval_every == 0 or step == t.steps):
       checked = valid()
       accuracy = checked['accuracy']
-      curve['step'].append(step)
-      curve['accuracy'].append(float(accuracy))
-      curve['loss'].append(float(checked['loss']))
+      add_point(curve, step, accuracy, checked['loss'])
       if accuracy >= t.early_stop:
         stopped = step
         log(f'{workdir}: validation accuracy {accuracy:.4f} >= {t.early_stop} at step {step}: '

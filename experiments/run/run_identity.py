@@ -73,9 +73,11 @@ def saved_config(config):
   return json.loads(config.to_json())
 
 
-def with_added_fields(saved):
-  """A saved config (``saved_config``) with every field added since it was written."""
-  for (section, field), value in _ADDED_FIELDS.items():
+def with_added_fields(saved, added=None):
+  """A saved config (``saved_config``) with every field added since it was written:
+  ``added`` ``{(section, field): value}`` (default: the text study's, ``_ADDED_FIELDS``;
+  the recall runs pass their own)."""
+  for (section, field), value in (_ADDED_FIELDS if added is None else added).items():
     saved.setdefault(section, {}).setdefault(field, value)
   return saved
 
