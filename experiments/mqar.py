@@ -22,6 +22,8 @@ refused: one line naming the flag (``check_flags``, ``outputs``).
       --workdir=workdir/mqar_zoology          # Zoology's protocol (results/mqar_zoology.json)
   python -m experiments.mqar --config=configs/mqar.py:zoology --grid=zoology_long \
       --workdir=workdir/mqar_zoology_long     # the same at 4x the steps, one cell
+  python -m experiments.mqar --config=configs/mqar.py:zoology --grid=zoology_long_l128 \
+      --workdir=workdir/mqar_zoology_long_l128  # 4x the steps at (128, 8), one rate
 
   python -m experiments.mqar --workdir=workdir/mqar/main --collect_only --page=docs/recall.md
   python -m experiments.mqar --workdir=workdir/mqar/long --collect_only \
@@ -53,9 +55,10 @@ FLAGS = flags.FLAGS
 RUNS_DIR = 'results/runs/mqar_zoology'
 ZOOLOGY_RESULTS = ['results/mqar_zoology.json', 'results/mqar_zoology_gpu.json',
                    'results/mqar_zoology_long.json', 'results/mqar_zoology_gpu_long.json',
-                   'results/mqar_zoology_long_annealed.json']
+                   'results/mqar_zoology_long_annealed.json',
+                   'results/mqar_zoology_long_l128.json']
 """The zoology grids' results files the page shows, where they exist (CPU, GPU, CPU long,
-GPU long, CPU long with the particles' step annealed)."""
+GPU long, CPU long with the particles' step annealed, CPU long at (128, 8))."""
 
 
 def _run_key(row: dict) -> tuple:

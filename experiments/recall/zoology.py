@@ -71,6 +71,17 @@ ZOOLOGY_LONG_ANNEALED = dict(
     ZOOLOGY_LONG, methods=COULOMB_PAIR, learning_rates=(2.154e-3,), seeds=(0,),
     coulomb_seeds=(1, 2), coulomb_rate=2.154e-3)
 
+# The same 4x budget at (128, 8), where the particles' lead was first seen (docs/recall.md,
+# the first study: 0.70 at 6,000 steps) and one outside test found Zhang et al.'s Hedgehog
+# at 1/P: does the lead survive Zoology's data and protocol? One rate fixed in advance,
+# 2.15e-3 (zoology_long's comparison, and the best 12,000-step rate of the one method run
+# at two there), seed 0 of every method, the Coulomb pair and Hedgehog first; then the
+# pair's seeds 1 and 2 at that rate. No rate sweep: this compares, it does not rank.
+ZOOLOGY_LONG_L128 = dict(
+    ZOOLOGY_LONG, sweep_cells=((128, 8),), learning_rates=(2.154e-3,),
+    methods=('particles_softmax', 'hedgehog', 'particles_flow', 'taylor', 'elu',
+             'hedgehog_distilled'))
+
 # The sequential (one run per worker at a time) grids of the zoology protocol: grid ->
 # (the grid, config overrides of every run, its default results file).
 ZOOLOGY_GRIDS = {
@@ -79,6 +90,8 @@ ZOOLOGY_GRIDS = {
     'zoology_long_annealed': (ZOOLOGY_LONG_ANNEALED,
                               {'train.steps': 12000, 'particles.schedule': 'cosine'},
                               'results/mqar_zoology_long_annealed.json'),
+    'zoology_long_l128': (ZOOLOGY_LONG_L128, {'train.steps': 12000},
+                          'results/mqar_zoology_long_l128.json'),
 }
 
 

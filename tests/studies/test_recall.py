@@ -452,6 +452,35 @@ def test_the_annealed_grid_is_the_coulomb_pair_at_one_rate_with_a_cosine_step(tm
   assert line.endswith("the particles' Langevin step η follows a cosine schedule too.")
 
 
+def test_the_l128_grid_is_every_method_at_one_rate_the_pair_and_hedgehog_first(tmp_path):
+  l128, overrides, results = zoology.ZOOLOGY_GRIDS['zoology_long_l128']
+  assert overrides == {'train.steps': 12000}
+  assert results == 'results/mqar_zoology_long_l128.json' and results in mqar_cmd.ZOOLOGY_RESULTS
+  planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
+  pilots = [n for n, _ in planned if n.startswith('pilot/')]
+  assert pilots == [f'pilot/particles_softmax-L128-P8-w64-eta{eta}'
+                    for eta in ('1e-03', '3e-03', '1e-02')] and waiting == 2 + 4
+  for name in pilots:                             # every pilot done: η = 1e-2 chosen
+    (tmp_path / name).mkdir(parents=True)
+    (tmp_path / name / 'result.json').write_text(json.dumps(
+        {'valid_accuracy': 0.3 if 'eta1e-02' in name else 0.2, 'valid_loss': 1.0}))
+  planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
+  runs = [(o['method'], o['data.seq_len'], o['data.num_pairs'], o['train.learning_rate'],
+           o['seed'], o.get('particles.step_size')) for n, o in planned if n not in pilots]
+  # one rate, seed 0; the pair and Hedgehog first; the pair's seeds 1, 2 wait on both seed 0s
+  assert runs == [(m, 128, 8, 2.154e-3, 0, 1e-2 if m.startswith('particles') else None)
+                  for m in ('particles_softmax', 'hedgehog', 'particles_flow', 'taylor', 'elu',
+                            'hedgehog_distilled')] and waiting == 4
+  for method in zoology.COULOMB_PAIR:
+    name = zoology.zoology_name(method, 128, 8, 64, 2.154e-3, 0)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'result.json').write_text(json.dumps(
+        {'valid_accuracy': 0.5, 'valid_loss': 1.0}))
+  planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
+  assert waiting == 0 and [n for n, _ in planned][3:7] == [
+      zoology.zoology_name(m, 128, 8, 64, 2.154e-3, s) for s in (1, 2) for m in zoology.COULOMB_PAIR]
+
+
 def test_a_grid_refuses_langevin_rows_of_another_particle_schedule():
   # A row without particle_schedule is 'constant' (runs made before the field); a cosine
   # grid refuses it, and a constant grid a cosine row; other methods carry no schedule.
