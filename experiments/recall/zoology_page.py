@@ -276,8 +276,11 @@ def table_lines(tables) -> list:
 def write(results_files: Sequence[str], page: str, figure_path: str = FIGURE) -> None:
   """The block ``mqar_zoology`` of ``page`` and its figures (``figure_path`` and, beside
   it, ``state_figure_path(figure_path)``; ``curve_figure_path(figure_path)`` where a run
-  kept its validation curve) from ``results_files``."""
-  tables = [(_label(p, t), t) for p, t in ((p, _load(p)) for p in results_files)]
+  kept its validation curve) from ``results_files``. A file with no finished run yet (a
+  grid whose first runs are its pilots) is left out, so the page is the same with or
+  without it."""
+  tables = [(_label(p, t), t) for p, t in ((p, _load(p)) for p in results_files)
+            if t['runs']]
   state_path = state_figure_path(figure_path)
   figure(tables, figure_path)
   state_figure(tables, state_path)

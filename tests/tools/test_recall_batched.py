@@ -255,6 +255,13 @@ def test_the_committed_zoology_block_is_the_committed_results_files(tmp_path):
   block = lambda text: text[text.index(begin):text.index(end)]
   # The labels name the files by basename; the figure paths are relative to the page.
   assert block(page.read_text()) == block(committed)
+  # A grid's results file with its pilots only (no run finished yet) adds nothing.
+  pilots_only = tmp_path / 'mqar_zoology_pilots_only.json'
+  with open(files[0], encoding='utf-8') as f:
+    pilots_only.write_text(json.dumps(dict(json.load(f), runs=[], best={})))
+  zoology_page.write(files + [str(pilots_only)], str(page), str(tmp_path / 'figures' /
+                                                                os.path.basename(zoology_page.FIGURE)))
+  assert block(page.read_text()) == block(committed)
 
 
 def test_runs_that_kept_a_validation_curve_get_a_third_figure(tmp_path):
