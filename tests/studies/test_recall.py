@@ -300,6 +300,13 @@ def test_the_zoology_grid_runs_pilots_sweep_seeds_and_writes_the_binding_file(tm
                               log=lambda *_: None, poll_seconds=0.0, grid=tiny) == 0
 
 
+def _finished(root, name, valid_accuracy):
+  """A grid run ``name`` under ``root`` with the result a plan reads (validation only)."""
+  (root / name).mkdir(parents=True)
+  (root / name / 'result.json').write_text(json.dumps({'valid_accuracy': valid_accuracy,
+                                                       'valid_loss': 1.0}))
+
+
 def test_the_coulomb_pairs_later_seeds_run_first_once_both_sweeps_of_a_cell_are_done(tmp_path):
   # The paired interval particles_softmax − particles_flow needs seeds 1 and 2 of both; they
   # come right after the pilots, before the other methods' sweeps.
@@ -309,10 +316,7 @@ def test_the_coulomb_pairs_later_seeds_run_first_once_both_sweeps_of_a_cell_are_
               pilot_step_sizes=(1e-3,), pilot_steps=2)
   root = tmp_path / 'grid'
 
-  def done(name, valid):
-    (root / name).mkdir(parents=True)
-    (root / name / 'result.json').write_text(json.dumps({'valid_accuracy': valid,
-                                                         'valid_loss': 1.0}))
+  done = lambda name, valid: _finished(root, name, valid)
   for cell in ('L16-P2', 'L24-P3'):
     done(f'pilot/particles_softmax-{cell}-w16-eta1e-03', 0.5)
   for method in ('particles_softmax', 'particles_flow'):       # only (16, 2) swept
@@ -361,9 +365,7 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
   # waiting on the pilots: the Langevin pair's two rates and its two fixed-rate seeds
   assert [n for n, _ in planned][:3] == pilots and waiting == 2 * 2 + 2 * 2
   for name in pilots:                         # every pilot done: η = 3e-3 chosen
-    (tmp_path / name).mkdir(parents=True)
-    (tmp_path / name / 'result.json').write_text(json.dumps(
-        {'valid_accuracy': 0.3 if 'eta3e-03' in name else 0.2, 'valid_loss': 1.0}))
+    _finished(tmp_path, name, 0.3 if 'eta3e-03' in name else 0.2)
   planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
   runs = [o for n, o in planned if not n.startswith('pilot/')]
   # The pair's seeds 1 and 2 at the fixed rate wait on both seed-0 runs there.
@@ -382,9 +384,7 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
   # pilot's η, right after the pilots, each run planned once.
   for method in zoology.COULOMB_PAIR:
     name = zoology.zoology_name(method, 64, 4, 64, 2.154e-3, 0)
-    (tmp_path / name).mkdir()
-    (tmp_path / name / 'result.json').write_text(json.dumps(
-        {'valid_accuracy': 0.5, 'valid_loss': 1.0}))
+    _finished(tmp_path, name, 0.5)
   planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
   names = [n for n, _ in planned]
   assert waiting == 0 and len(names) == len(set(names)) == 3 + 4 + len(runs)
@@ -397,9 +397,7 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
   again = dict(long_grid, seeds=(0, 1, 2))
   for method in zoology.COULOMB_PAIR:
     name = zoology.zoology_name(method, 64, 4, 64, 1e-2, 0)
-    (tmp_path / name).mkdir()
-    (tmp_path / name / 'result.json').write_text(json.dumps(
-        {'valid_accuracy': 0.1, 'valid_loss': 1.0}))
+    _finished(tmp_path, name, 0.1)
   names = [n for n, _ in zoology.zoology_plan(str(tmp_path), again)[0]]
   assert len(names) == len(set(names))
   with pytest.raises(ValueError, match=r'^coulomb_rate 0\.003 is not one of'):
@@ -436,9 +434,7 @@ def test_the_annealed_grid_is_the_coulomb_pair_at_one_rate_with_a_cosine_step(tm
   assert overrides == {'train.steps': 12000, 'particles.schedule': 'cosine'}
   assert results == 'results/mqar_zoology_long_annealed.json'
   for name in [n for n, _ in zoology.zoology_plan(str(tmp_path), annealed)[0]]:
-    (tmp_path / name).mkdir(parents=True)         # every pilot done: η = 3e-3 chosen
-    (tmp_path / name / 'result.json').write_text(json.dumps(
-        {'valid_accuracy': 0.3 if 'eta3e-03' in name else 0.2, 'valid_loss': 1.0}))
+    _finished(tmp_path, name, 0.3 if 'eta3e-03' in name else 0.2)  # η = 3e-3 chosen
   planned, waiting = zoology.zoology_plan(str(tmp_path), annealed)
   runs = [(o['method'], o['train.learning_rate'], o['seed'], o['particles.step_size'])
           for n, o in planned if not n.startswith('pilot/')]
@@ -461,9 +457,7 @@ def test_the_l128_grid_is_every_method_at_one_rate_the_pair_and_hedgehog_first(t
   assert pilots == [f'pilot/particles_softmax-L128-P8-w64-eta{eta}'
                     for eta in ('1e-03', '3e-03', '1e-02')] and waiting == 2 + 4
   for name in pilots:                             # every pilot done: η = 1e-2 chosen
-    (tmp_path / name).mkdir(parents=True)
-    (tmp_path / name / 'result.json').write_text(json.dumps(
-        {'valid_accuracy': 0.3 if 'eta1e-02' in name else 0.2, 'valid_loss': 1.0}))
+    _finished(tmp_path, name, 0.3 if 'eta1e-02' in name else 0.2)
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
   runs = [(o['method'], o['data.seq_len'], o['data.num_pairs'], o['train.learning_rate'],
            o['seed'], o.get('particles.step_size')) for n, o in planned if n not in pilots]
@@ -473,12 +467,11 @@ def test_the_l128_grid_is_every_method_at_one_rate_the_pair_and_hedgehog_first(t
                             'hedgehog_distilled')] and waiting == 4
   for method in zoology.COULOMB_PAIR:
     name = zoology.zoology_name(method, 128, 8, 64, 2.154e-3, 0)
-    (tmp_path / name).mkdir()
-    (tmp_path / name / 'result.json').write_text(json.dumps(
-        {'valid_accuracy': 0.5, 'valid_loss': 1.0}))
+    _finished(tmp_path, name, 0.5)
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
   assert waiting == 0 and [n for n, _ in planned][3:7] == [
-      zoology.zoology_name(m, 128, 8, 64, 2.154e-3, s) for s in (1, 2) for m in zoology.COULOMB_PAIR]
+      zoology.zoology_name(m, 128, 8, 64, 2.154e-3, s)
+      for s in (1, 2) for m in zoology.COULOMB_PAIR]
 
 
 def test_a_grid_refuses_langevin_rows_of_another_particle_schedule():

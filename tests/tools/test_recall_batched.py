@@ -259,8 +259,8 @@ def test_the_committed_zoology_block_is_the_committed_results_files(tmp_path):
   pilots_only = tmp_path / 'mqar_zoology_pilots_only.json'
   with open(files[0], encoding='utf-8') as f:
     pilots_only.write_text(json.dumps(dict(json.load(f), runs=[], best={})))
-  zoology_page.write(files + [str(pilots_only)], str(page), str(tmp_path / 'figures' /
-                                                                os.path.basename(zoology_page.FIGURE)))
+  figure = tmp_path / 'figures' / os.path.basename(zoology_page.FIGURE)
+  zoology_page.write(files + [str(pilots_only)], str(page), str(figure))
   assert block(page.read_text()) == block(committed)
 
 
