@@ -29,12 +29,23 @@ r"""The attention methods of the recall study, each one name for one map, at equ
                          [Wx, −Wx] (``softmaxfeat``), N/2 random orthogonal rows, trained by
                          AdamW on the task loss. Kept so the old grids rerun under their map's
                          name.
+``favor_mimicry``        ``particles_flow``'s features and init, trained by AdamW (with the
+                         rest's rate and weight decay, no ball) on the distillation gradient
+                         alone, as in ``particles_flow`` (no task gradient).
+``hedgehog_mimicry``     ``hedgehog_distilled``'s map and init, trained by AdamW on the
+                         distillation gradient alone (no task gradient).
 =======================  ==========================================================================
 
 State size (``state_size``): what a layer carries from one token to the next at inference,
 per layer, summed over heads: F × D_h per head for a linear map (F = the length of φ, the
 numerator state S = Σ φ(k) vᵀ; the normaliser's F more are not counted), 2·L·E for softmax
 (its key and value cache at length L).
+
+The last two change one thing at a time from ``particles_flow`` to ``hedgehog_distilled``
+(which differ in map, gradient and optimiser): ``particles_flow`` → ``favor_mimicry`` (the
+optimiser: projected gradient flow on the ball → AdamW) → ``hedgehog_mimicry`` (the map:
+FAVOR+ → [e^{Wx}, e^{−Wx}] at identity init) → ``hedgehog_distilled`` (the gradient: the
+task gradient added).
 """
 
 from typing import NamedTuple, Optional
@@ -48,14 +59,20 @@ from coulomb_jax.layers import lm
 from coulomb_jax import training
 
 METHODS = ('softmax', 'elu', 'taylor', 'favor_orthogonal', 'hedgehog', 'hedgehog_distilled',
-           'particles_softmax', 'particles_flow', 'softmaxfeat_trained')
+           'particles_softmax', 'particles_flow', 'softmaxfeat_trained', 'favor_mimicry',
+           'hedgehog_mimicry')
 LANGEVIN_METHODS = ('particles_softmax', 'particles_flow')
 """The methods whose particles move by ``langevin.langevin_transform`` on the mimicry force."""
+MIMICRY_ADAMW_METHODS = ('hedgehog_distilled', 'favor_mimicry', 'hedgehog_mimicry')
+"""The methods whose particles (W) AdamW trains on the distillation gradient (λ = 0)."""
+HEDGEHOG_METHODS = ('hedgehog', 'hedgehog_distilled', 'hedgehog_mimicry')
+"""Zhang et al.'s map [e^{Wx}, e^{−Wx}], W of N/2 rows from the identity."""
 
 FEATURE_MAP = {'elu': 'elu', 'taylor': 'taylor', 'favor_orthogonal': 'favor',
                'hedgehog': 'hedgehog', 'hedgehog_distilled': 'hedgehog',
                'particles_softmax': 'favor', 'particles_flow': 'favor',
-               'softmaxfeat_trained': 'softmaxfeat'}
+               'softmaxfeat_trained': 'softmaxfeat', 'favor_mimicry': 'favor',
+               'hedgehog_mimicry': 'hedgehog'}
 """Each kernel method's map (``features``)."""
 
 
@@ -77,7 +94,7 @@ def taylor_dim(num_features: int) -> int:
 
 def rows_per_head(method: str, num_features: int) -> int:
   """Rows M of the particle array for N = ``num_features`` features per head."""
-  if method in ('hedgehog', 'hedgehog_distilled', 'softmaxfeat_trained'):
+  if method in HEDGEHOG_METHODS + ('softmaxfeat_trained',):
     return num_features // 2
   if method == 'taylor':
     return taylor_dim(num_features)
@@ -96,10 +113,10 @@ def state_size(method: str, num_features: int, width: int, num_heads: int,
 def mimicry_settings(config, lam: float) -> training.lm.MimicrySettings:
   """The mimicry force of ``config.method`` with repulsion weight ``lam``."""
   p = config.particles
-  distilled = config.method == 'hedgehog_distilled'
-  return training.lm.MimicrySettings(lam=0.0 if distilled else lam, riesz_s=p.riesz_s,
+  adamw = config.method in MIMICRY_ADAMW_METHODS           # no repulsion
+  return training.lm.MimicrySettings(lam=0.0 if adamw else lam, riesz_s=p.riesz_s,
                                      softening=p.softening, target=p.target, rows=p.rows,
-                                     with_task_gradient=distilled)
+                                     with_task_gradient=config.method == 'hedgehog_distilled')
 
 
 def build(config, key: jax.Array, *, lam: Optional[float] = None,
@@ -120,14 +137,14 @@ def build(config, key: jax.Array, *, lam: Optional[float] = None,
   if config.method == 'softmax':
     return Method(lm.CausalLM(attention='softmax', **common), None, None, 'favor')
   feature_map = FEATURE_MAP[config.method]
-  hedgehog = config.method in ('hedgehog', 'hedgehog_distilled')
+  hedgehog = config.method in HEDGEHOG_METHODS
   model = lm.CausalLM(attention='kernel', feature_map=feature_map,
                       num_features=rows_per_head(config.method, m.num_features),
                       orthogonal=not hedgehog, identity_init=hedgehog,
                       chunk_size=m.chunk_size, causal_path=m.causal_path, **common)
   if config.method in ('hedgehog', 'taylor', 'softmaxfeat_trained'):
     return Method(model, None, None, feature_map)
-  if config.method == 'hedgehog_distilled':
+  if config.method in MIMICRY_ADAMW_METHODS:
     return Method(model, None, mimicry_settings(config, 0.0), feature_map)
   if config.method in ('favor_orthogonal', 'elu'):
     return Method(model, optax.set_to_zero(), None, feature_map)

@@ -70,6 +70,12 @@ def _chosen(rows, best):
   return [r for r in rows if r.get('particle_step_size') == entry['particle_step_size']]
 
 
+def _color(i: int) -> str:
+  """The colour of the method at place ``i`` of ``methods.METHODS`` in every figure:
+  matplotlib's ten cycle colours, then colours of their own (``'C10'`` would repeat C0)."""
+  return f'C{i}' if i < 10 else ('navy', 'darkgoldenrod', 'olive')[(i - 10) % 3]
+
+
 def figure(tables, path: str) -> str:
   """Accuracy against the learning rate; one panel per (cell, width) of any file."""
   plt = plots.pyplot()
@@ -91,9 +97,9 @@ def figure(tables, path: str) -> str:
         mean = np.array([np.mean(by_rate[x]) for x in xs])
         low = mean - np.array([min(by_rate[x]) for x in xs])
         high = np.array([max(by_rate[x]) for x in xs]) - mean
-        ax.errorbar(xs, mean, yerr=[low, high], color=f'C{i}', marker='os^'[f % 3],
+        ax.errorbar(xs, mean, yerr=[low, high], color=_color(i), marker='os^'[f % 3],
                     linestyle=('-', '--', '-.')[f % 3], capsize=2, markersize=4,
-                    mfc='none' if f % 2 else f'C{i}')
+                    mfc='none' if f % 2 else _color(i))
         used[method] = i
     ax.axhline(1.0 / pairs, color='grey', linewidth=0.8, linestyle=':')
     ax.set_xscale('log')
@@ -101,7 +107,7 @@ def figure(tables, path: str) -> str:
     ax.set_ylabel('test accuracy at answer positions')
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f'L = {seq_len}, {pairs} pairs, width {width} (dotted: 1/P)')
-  handles = ([Line2D([], [], color=f'C{i}', marker='o', label=m) for m, i in used.items()]
+  handles = ([Line2D([], [], color=_color(i), marker='o', label=m) for m, i in used.items()]
              + [Line2D([], [], color='black', linestyle=('-', '--', '-.')[f % 3],
                              marker='os^'[f % 3], mfc='none' if f % 2 else 'black',
                              label=label) for f, (label, _) in enumerate(tables)])
@@ -136,9 +142,9 @@ def state_figure(tables, path: str) -> str:
         acc = [r['accuracy'] for r in rows]
         mean = entry['accuracy']['mean']
         ax.errorbar([state[(int(width), method)]], [mean],
-                    yerr=[[mean - min(acc)], [max(acc) - mean]], color=f'C{i}',
+                    yerr=[[mean - min(acc)], [max(acc) - mean]], color=_color(i),
                     marker='os^'[f % 3], capsize=2, markersize=5,
-                    mfc='none' if f % 2 else f'C{i}', linestyle='none')
+                    mfc='none' if f % 2 else _color(i), linestyle='none')
         used[method] = i
     ax.axhline(1.0 / pairs, color='grey', linewidth=0.8, linestyle=':')
     ax.set_xscale('log', base=2)
@@ -146,7 +152,7 @@ def state_figure(tables, path: str) -> str:
     ax.set_ylabel('test accuracy at the chosen rate')
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f'L = {seq_len}, {pairs} pairs (dotted: 1/P)')
-  handles = ([Line2D([], [], color=f'C{i}', marker='o', linestyle='none', label=m)
+  handles = ([Line2D([], [], color=_color(i), marker='o', linestyle='none', label=m)
               for m, i in used.items()]
              + [Line2D([], [], color='black', linestyle='none', marker='os^'[f % 3],
                        mfc='none' if f % 2 else 'black', label=label)
@@ -181,7 +187,7 @@ def curve_figure(panels, path: str) -> str:
       k = rates.setdefault(r['learning_rate'], len(rates))
       m = seeds.setdefault(r['seed'], len(seeds))
       c = r['valid_curve']
-      ax.plot(c['step'], c['accuracy'], color=f'C{i}', linestyle=('-', '--', ':', '-.')[k % 4],
+      ax.plot(c['step'], c['accuracy'], color=_color(i), linestyle=('-', '--', ':', '-.')[k % 4],
               marker='os^dv'[m % 5], markersize=3, linewidth=1)
       used[r['method']] = i
     ax.axhline(1.0 / pairs, color='grey', linewidth=0.8, linestyle=':')
@@ -189,7 +195,7 @@ def curve_figure(panels, path: str) -> str:
     ax.set_ylabel('validation accuracy at answer positions')
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f'L = {seq_len}, {pairs} pairs, width {width}\n({label})', fontsize=8)
-  handles = ([Line2D([], [], color=f'C{i}', label=m) for m, i in used.items()]
+  handles = ([Line2D([], [], color=_color(i), label=m) for m, i in used.items()]
              + [Line2D([], [], color='black', linestyle=('-', '--', ':', '-.')[k % 4],
                        label=f'rate {lr:g}') for lr, k in rates.items()]
              + [Line2D([], [], color='black', linestyle='none', marker='os^dv'[m % 5],

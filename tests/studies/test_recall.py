@@ -39,8 +39,10 @@ def test_every_method_builds_with_n_features(method):
     assert rows == methods.rows_per_head(method, n)
     f = features.num_features(methods.FEATURE_MAP[method], rows)
     assert f <= n and (method == 'taylor' or f == n)          # equal state size
-    assert built.model.identity_init == (method in ('hedgehog', 'hedgehog_distilled'))
-  uses_force = method in ('particles_softmax', 'particles_flow', 'hedgehog_distilled')
+    assert built.model.identity_init == (method in ('hedgehog', 'hedgehog_distilled',
+                                                    'hedgehog_mimicry'))
+  uses_force = method in ('particles_softmax', 'particles_flow', 'hedgehog_distilled',
+                          'favor_mimicry', 'hedgehog_mimicry')
   assert (built.mimicry is not None) == uses_force
 
 
@@ -448,7 +450,7 @@ def test_the_annealed_grid_is_the_coulomb_pair_at_one_rate_with_a_cosine_step(tm
   assert line.endswith("the particles' Langevin step η follows a cosine schedule too.")
 
 
-def test_the_l128_grid_is_every_method_at_one_rate_the_pair_and_hedgehog_first(tmp_path):
+def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first(tmp_path):
   l128, overrides, results = zoology.ZOOLOGY_GRIDS['zoology_long_l128']
   assert overrides == {'train.steps': 12000}
   assert results == 'results/mqar_zoology_long_l128.json' and results in mqar_cmd.ZOOLOGY_RESULTS
@@ -463,8 +465,8 @@ def test_the_l128_grid_is_every_method_at_one_rate_the_pair_and_hedgehog_first(t
            o['seed'], o.get('particles.step_size')) for n, o in planned if n not in pilots]
   # one rate, seed 0; the pair and Hedgehog first; the pair's seeds 1, 2 wait on both seed 0s
   assert runs == [(m, 128, 8, 2.154e-3, 0, 1e-2 if m.startswith('particles') else None)
-                  for m in ('particles_softmax', 'hedgehog', 'particles_flow', 'taylor', 'elu',
-                            'hedgehog_distilled')] and waiting == 4
+                  for m in ('particles_softmax', 'hedgehog', 'particles_flow',
+                            'hedgehog_distilled', 'taylor', 'elu')] and waiting == 4
   for method in zoology.COULOMB_PAIR:
     name = zoology.zoology_name(method, 128, 8, 64, 2.154e-3, 0)
     _finished(tmp_path, name, 0.5)

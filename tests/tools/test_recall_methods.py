@@ -1,5 +1,6 @@
 """The recall methods of issue 36: the Taylor map, Hedgehog's identity init and trained W,
-the distillation force, and particles_flow as the Langevin step with λ = 0 and no noise."""
+the distillation force (with the task gradient, and alone for the two AdamW mimicry
+methods), and particles_flow as the Langevin step with λ = 0 and no noise."""
 
 import os
 
@@ -95,32 +96,59 @@ def test_hedgehog_starts_at_the_identity_and_its_w_trains(name):
 
 
 @pytest.mark.slow
-def test_the_distilled_gradient_is_the_task_gradient_plus_the_mimicry_gradient():
-  config = _quick('hedgehog_distilled')
+@pytest.mark.parametrize('name,feature_map,with_task', [
+    ('hedgehog_distilled', 'hedgehog', True), ('hedgehog_mimicry', 'hedgehog', False),
+    ('favor_mimicry', 'favor', False)])
+def test_the_adamw_mimicry_gradients_are_the_distillation_gradient_with_or_without_the_task(
+    name, feature_map, with_task):
+  # hedgehog_distilled: task + distillation (Hedgehog's recipe); the mimicry-only methods:
+  # distillation alone, every other parameter the task gradient. λ = 0, AdamW (no particle_tx).
+  config = _quick(name)
   method = methods.build(config, jax.random.key_data(jax.random.key(0)))
-  assert method.mimicry.with_task_gradient and method.mimicry.lam == 0.0
+  assert method.feature_map == feature_map and method.particle_tx is None
+  assert method.mimicry.with_task_gradient == with_task and method.mimicry.lam == 0.0
   model = method.model
   probe = optax.sgd(1.0)      # the update is −gradient: read the gradient off it
   state = training.lm.make_state(jax.random.key(0), model, config.data.seq_len)
   state = state.replace(tx=probe, opt_state=probe.init(state.params))
   batch = mqar.mqar_batch(jax.random.key(3), 4, **run.data_args(config))
   p = config.data.num_pairs
-  new, _ = training.lm.train_step(state, batch, method.mimicry, 'hedgehog', p)
+  new, _ = training.lm.train_step(state, batch, method.mimicry, feature_map, p)
   metrics = training.lm._metrics  # pylint: disable=protected-access
   task, _ = jax.jit(lambda params: jax.grad(metrics, has_aux=True)(
       params, model.apply, batch, p))(state.params)
   _, inter = jax.jit(lambda params: model.apply({'params': params}, batch.inputs,
                                                 mutable=['intermediates']))(state.params)
   distill_fn = jax.jit(jax.vmap(jax.grad(lambda w, q, k: mimicry.mimicry_hamiltonian(
-      w, q, k, feature_map='hedgehog', lam=0.0, target='cross_entropy'))))
+      w, q, k, feature_map=feature_map, lam=0.0, target='cross_entropy'))))
   for block in ('block_0',):
     q, k = inter['intermediates'][block]['attn']['mimicry_inputs'][0]
     q, k = (jnp.moveaxis(a[:config.particles.rows], 2, 0) for a in (q, k))
     omega = state.params[block]['attn']['particles']
     distill = distill_fn(omega, q, k)
     got = omega - new.params[block]['attn']['particles']
-    np.testing.assert_allclose(got, task[block]['attn']['particles'] + distill,
-                               rtol=1e-4, atol=1e-6)
+    expected = task[block]['attn']['particles'] + distill if with_task else distill
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+    # every other parameter: the task gradient
+    got_value = state.params[block]['attn']['value']['kernel'] - new.params[block]['attn'][
+        'value']['kernel']
+    np.testing.assert_allclose(got_value, task[block]['attn']['value']['kernel'],
+                               rtol=1e-4, atol=1e-7)
+
+
+def test_favor_mimicry_starts_where_particles_flow_starts():
+  # The step particles_flow -> favor_mimicry changes the optimiser only: same map, same
+  # particles at step 0 (block-orthogonal FAVOR+ rows), same force.
+  states = {}
+  for name in ('particles_flow', 'favor_mimicry'):
+    config = _quick(name)
+    method = methods.build(config, jax.random.key_data(jax.random.key(0)))
+    states[name] = (_state_and_batch(config, method)[0], method)
+  (flow, flow_method), (adamw, adamw_method) = states['particles_flow'], states['favor_mimicry']
+  for a, b in zip(_particles(flow.params).values(), _particles(adamw.params).values()):
+    np.testing.assert_array_equal(a, b)
+  assert adamw_method.mimicry == flow_method.mimicry
+  assert not adamw_method.model.identity_init and adamw_method.model.orthogonal
 
 
 def test_particles_flow_is_the_langevin_step_with_no_repulsion_and_no_noise():
