@@ -43,7 +43,7 @@ def main(argv):
       'method': FLAGS.method, 'data.seq_len': 128, 'data.num_pairs': 8, 'model.width': 64,
       'train.steps': 20, 'train.eval_every': 10, 'data.train_examples': 2000,
       'data.num_valid': 256, 'data.num_eval': 256})
-  eta = 3e-3 if FLAGS.method.startswith('particles') else None
+  eta = 3e-3 if FLAGS.method in methods.LANGEVIN_METHODS else None
   rates = (1e-2, 2.154e-3, 4.642e-4, 1e-4)
   specs = [batched.Spec(rates[i % 4], i // 4, eta) for i in range(FLAGS.runs)]
   batched.check_program(config, specs)      # before the temporary folder is made

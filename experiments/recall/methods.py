@@ -41,11 +41,13 @@ per layer, summed over heads: F × D_h per head for a linear map (F = the length
 numerator state S = Σ φ(k) vᵀ; the normaliser's F more are not counted), 2·L·E for softmax
 (its key and value cache at length L).
 
-The last two change one thing at a time from ``particles_flow`` to ``hedgehog_distilled``
-(which differ in map, gradient and optimiser): ``particles_flow`` → ``favor_mimicry`` (the
-optimiser: projected gradient flow on the ball → AdamW) → ``hedgehog_mimicry`` (the map:
-FAVOR+ → [e^{Wx}, e^{−Wx}] at identity init) → ``hedgehog_distilled`` (the gradient: the
-task gradient added).
+The last two go from ``particles_flow`` to ``hedgehog_distilled`` (which differ in map,
+gradient and optimiser) one part at a time: ``particles_flow`` → ``favor_mimicry`` (the
+optimiser: projected gradient flow at the pilot's constant η, clipped at ``clip_norm``, on
+the ball of ``radius`` → AdamW at the rest's cosine rate with its weight decay, no clip, no
+ball) → ``hedgehog_mimicry`` (the map: N block-orthogonal FAVOR+ rows → Zhang et al.'s
+[e^{Wx}, e^{−Wx}] with N/2 rows from the identity, the same state size) →
+``hedgehog_distilled`` (the gradient: the task gradient added).
 """
 
 from typing import NamedTuple, Optional

@@ -31,12 +31,22 @@ def markers(block: str):
 BEGIN, END = markers('mqar')
 
 
+def method_color(method: str) -> str:
+  """A method's colour in every recall figure: matplotlib's ten cycle colours by its place
+  in ``methods.METHODS``, then colours of their own (``'C10'`` would repeat C0); grey for
+  a name not in it."""
+  if method not in methods.METHODS:
+    return 'grey'
+  i = methods.METHODS.index(method)
+  return f'C{i}' if i < 10 else ('navy', 'darkgoldenrod', 'olive')[(i - 10) % 3]
+
+
 def figure(table: dict, path: str) -> str:
   plt = plots.pyplot()
   widths = sorted({r['width'] for r in table['runs']})
   fig, axes = plt.subplots(1, len(widths), figsize=(5 * len(widths), 3.6), squeeze=False)
   for ax, width in zip(axes[0], widths):
-    for i, method in enumerate(methods.METHODS):
+    for method in methods.METHODS:
       by_len = collections.defaultdict(list)
       for r in table['runs']:
         if r['width'] == width and r['method'] == method:
@@ -45,10 +55,10 @@ def figure(table: dict, path: str) -> str:
         continue
       xs = sorted(by_len)
       style = '--' if method == 'softmax' else '-'
-      ax.plot(xs, [np.mean(by_len[x]) for x in xs], style, marker='o', color=f'C{i}',
-              label=method)
+      ax.plot(xs, [np.mean(by_len[x]) for x in xs], style, marker='o',
+              color=method_color(method), label=method)
       for x in xs:
-        ax.scatter([x] * len(by_len[x]), by_len[x], s=8, color=f'C{i}')
+        ax.scatter([x] * len(by_len[x]), by_len[x], s=8, color=method_color(method))
     ax.set_xscale('log', base=2)
     ax.set_xlabel('sequence length L (pairs = L/16)')
     ax.set_ylabel('accuracy at answer positions')

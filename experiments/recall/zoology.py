@@ -38,7 +38,7 @@ ZOOLOGY = {
     'pilot_learning_rate': 2.154e-3,
     'pilot_steps': 1000,
     # Runs at the sweep cells of these methods go after every other run: the GPU grid ran
-    # them at every rate and seed of both sweep cells (results/mqar_zoology_gpu.json; 24 CPU
+    # them at every rate and seed of both sweep cells (results/mqar_zoology_gpu.json; 29 CPU
     # twins agreed, docs/recall.md), so on this CPU they add least. The methods it did not
     # run (the Coulomb pair, the distilled Hedgehog) come first, with their (256, 16) runs;
     # a deferred method's (256, 16) runs wait on its (128, 8) sweep, so they come last too.
@@ -78,9 +78,10 @@ ZOOLOGY_LONG_ANNEALED = dict(
 # the first study: 0.70 at 6,000 steps) and one outside test found Zhang et al.'s Hedgehog
 # at 1/P: does the lead survive Zoology's data and protocol? One rate fixed in advance,
 # 2.15e-3 (zoology_long's comparison, and the best 12,000-step rate of the one method run
-# at two there), seed 0 of every method, the Coulomb pair and Hedgehog first, then the
-# distilled Hedgehog (the best linear map at (64, 4)); then the pair's seeds 1 and 2 at
-# that rate. No rate sweep: this compares, it does not rank.
+# at two there), seed 0 of every method in this order: the Coulomb pair and Hedgehog,
+# then the distilled Hedgehog (the best linear map at (64, 4)); as in zoology_long, the
+# pair's seeds 1 and 2 at that rate go ahead of every seed-0 run not yet started once both
+# of the pair's seed-0 runs are done. No rate sweep: this compares, it does not rank.
 ZOOLOGY_LONG_L128 = dict(
     ZOOLOGY_LONG, sweep_cells=((128, 8),), learning_rates=(2.154e-3,),
     methods=('particles_softmax', 'hedgehog', 'particles_flow', 'hedgehog_distilled',

@@ -70,12 +70,6 @@ def _chosen(rows, best):
   return [r for r in rows if r.get('particle_step_size') == entry['particle_step_size']]
 
 
-def _color(i: int) -> str:
-  """The colour of the method at place ``i`` of ``methods.METHODS`` in every figure:
-  matplotlib's ten cycle colours, then colours of their own (``'C10'`` would repeat C0)."""
-  return f'C{i}' if i < 10 else ('navy', 'darkgoldenrod', 'olive')[(i - 10) % 3]
-
-
 def figure(tables, path: str) -> str:
   """Accuracy against the learning rate; one panel per (cell, width) of any file."""
   plt = plots.pyplot()
@@ -85,7 +79,7 @@ def figure(tables, path: str) -> str:
   used = {}
   for ax, (seq_len, pairs, width) in zip(axes[0], cells):
     for f, (label, table) in enumerate(tables):
-      for i, method in enumerate(methods.METHODS):
+      for method in methods.METHODS:
         group = [r for r in table['runs'] if (r['seq_len'], r['num_pairs'], r['width'],
                                               r['method']) == (seq_len, pairs, width, method)]
         if not group:
@@ -97,17 +91,17 @@ def figure(tables, path: str) -> str:
         mean = np.array([np.mean(by_rate[x]) for x in xs])
         low = mean - np.array([min(by_rate[x]) for x in xs])
         high = np.array([max(by_rate[x]) for x in xs]) - mean
-        ax.errorbar(xs, mean, yerr=[low, high], color=_color(i), marker='os^'[f % 3],
+        color = used[method] = page_lib.method_color(method)
+        ax.errorbar(xs, mean, yerr=[low, high], color=color, marker='os^'[f % 3],
                     linestyle=('-', '--', '-.')[f % 3], capsize=2, markersize=4,
-                    mfc='none' if f % 2 else _color(i))
-        used[method] = i
+                    mfc='none' if f % 2 else color)
     ax.axhline(1.0 / pairs, color='grey', linewidth=0.8, linestyle=':')
     ax.set_xscale('log')
     ax.set_xlabel('AdamW learning rate')
     ax.set_ylabel('test accuracy at answer positions')
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f'L = {seq_len}, {pairs} pairs, width {width} (dotted: 1/P)')
-  handles = ([Line2D([], [], color=_color(i), marker='o', label=m) for m, i in used.items()]
+  handles = ([Line2D([], [], color=c, marker='o', label=m) for m, c in used.items()]
              + [Line2D([], [], color='black', linestyle=('-', '--', '-.')[f % 3],
                              marker='os^'[f % 3], mfc='none' if f % 2 else 'black',
                              label=label) for f, (label, _) in enumerate(tables)])
@@ -133,7 +127,7 @@ def state_figure(tables, path: str) -> str:
         k_len, k_pairs, width, method = key.split('/')
         if (int(k_len), int(k_pairs)) != (seq_len, pairs):
           continue
-        i = methods.METHODS.index(method) if method in methods.METHODS else len(used)
+        color = used[method] = page_lib.method_color(method)
         rows = [r for r in _chosen([r for r in table['runs']
                                     if (r['seq_len'], r['num_pairs'], r['width'],
                                         r['method']) == (seq_len, pairs, int(width), method)],
@@ -142,18 +136,17 @@ def state_figure(tables, path: str) -> str:
         acc = [r['accuracy'] for r in rows]
         mean = entry['accuracy']['mean']
         ax.errorbar([state[(int(width), method)]], [mean],
-                    yerr=[[mean - min(acc)], [max(acc) - mean]], color=_color(i),
+                    yerr=[[mean - min(acc)], [max(acc) - mean]], color=color,
                     marker='os^'[f % 3], capsize=2, markersize=5,
-                    mfc='none' if f % 2 else _color(i), linestyle='none')
-        used[method] = i
+                    mfc='none' if f % 2 else color, linestyle='none')
     ax.axhline(1.0 / pairs, color='grey', linewidth=0.8, linestyle=':')
     ax.set_xscale('log', base=2)
     ax.set_xlabel('state size per layer (floats; softmax: 2·L·E)')
     ax.set_ylabel('test accuracy at the chosen rate')
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f'L = {seq_len}, {pairs} pairs (dotted: 1/P)')
-  handles = ([Line2D([], [], color=_color(i), marker='o', linestyle='none', label=m)
-              for m, i in used.items()]
+  handles = ([Line2D([], [], color=c, marker='o', linestyle='none', label=m)
+              for m, c in used.items()]
              + [Line2D([], [], color='black', linestyle='none', marker='os^'[f % 3],
                        mfc='none' if f % 2 else 'black', label=label)
                 for f, (label, _) in enumerate(tables)])
@@ -183,19 +176,18 @@ def curve_figure(panels, path: str) -> str:
   used, rates, seeds = {}, {}, {}
   for ax, (label, (seq_len, pairs, width), rows) in zip(axes[0], panels):
     for r in sorted(rows, key=lambda r: (r['method'], r['learning_rate'], r['seed'])):
-      i = methods.METHODS.index(r['method']) if r['method'] in methods.METHODS else 9
+      color = used[r['method']] = page_lib.method_color(r['method'])
       k = rates.setdefault(r['learning_rate'], len(rates))
       m = seeds.setdefault(r['seed'], len(seeds))
       c = r['valid_curve']
-      ax.plot(c['step'], c['accuracy'], color=_color(i), linestyle=('-', '--', ':', '-.')[k % 4],
+      ax.plot(c['step'], c['accuracy'], color=color, linestyle=('-', '--', ':', '-.')[k % 4],
               marker='os^dv'[m % 5], markersize=3, linewidth=1)
-      used[r['method']] = i
     ax.axhline(1.0 / pairs, color='grey', linewidth=0.8, linestyle=':')
     ax.set_xlabel('training step')
     ax.set_ylabel('validation accuracy at answer positions')
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f'L = {seq_len}, {pairs} pairs, width {width}\n({label})', fontsize=8)
-  handles = ([Line2D([], [], color=_color(i), label=m) for m, i in used.items()]
+  handles = ([Line2D([], [], color=c, label=m) for m, c in used.items()]
              + [Line2D([], [], color='black', linestyle=('-', '--', ':', '-.')[k % 4],
                        label=f'rate {lr:g}') for lr, k in rates.items()]
              + [Line2D([], [], color='black', linestyle='none', marker='os^dv'[m % 5],
@@ -287,6 +279,9 @@ def write(results_files: Sequence[str], page: str, figure_path: str = FIGURE) ->
   without it."""
   tables = [(_label(p, t), t) for p, t in ((p, _load(p)) for p in results_files)
             if t['runs']]
+  if not tables:
+    raise ValueError(f'results_files: none of {list(results_files)} holds a finished run; '
+                     f'nothing to write to {page}.')
   state_path = state_figure_path(figure_path)
   figure(tables, figure_path)
   state_figure(tables, state_path)

@@ -55,6 +55,14 @@ def test_taylor_dim_and_state_sizes():
   assert methods.state_size('softmax', 64, 64, 2, 128) == 2 * 128 * 64
 
 
+def test_every_method_has_a_colour_of_its_own_in_the_figures():
+  import matplotlib.colors  # pylint: disable=g-import-not-at-top
+  from experiments.recall import page  # pylint: disable=g-import-not-at-top
+  colors = [matplotlib.colors.to_hex(page.method_color(m)) for m in methods.METHODS]
+  assert len(set(colors)) == len(methods.METHODS)
+  assert page.method_color('softmax') == 'C0' and page.method_color('unknown') == 'grey'
+
+
 @pytest.mark.slow
 def test_a_run_writes_its_row_and_resumes_from_its_checkpoint(tmp_path):
   workdir = str(tmp_path / 'run')
@@ -377,7 +385,10 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
   # rates_first: every method at 2.15e-3, in the grid's method order, before any at 1e-2.
   assert [(o['method'], o['train.learning_rate']) for o in runs] == (
       [(m, 2.154e-3) for m in long_grid['methods']] + [(m, 1e-2) for m in long_grid['methods']])
-  assert {o.get('particles.step_size') for o in runs if o['method'].startswith('particles')} == {3e-3}
+  assert {o.get('particles.step_size') for o in runs
+          if o['method'].startswith('particles')} == {3e-3}
+  # The two methods between particles_flow and hedgehog_distilled, at 2.15e-3 before 1e-2.
+  assert long_grid['methods'][-2:] == ('favor_mimicry', 'hedgehog_mimicry')
   protocol = zoology.zoology_protocol(grid.apply_overrides(mqar_config.get_config('zoology'),
                                                         overrides), 'cpu', grid=long_grid)
   assert protocol['steps'] == 12000 and protocol['learning_rates'] == [2.154e-3, 1e-2]
@@ -450,7 +461,8 @@ def test_the_annealed_grid_is_the_coulomb_pair_at_one_rate_with_a_cosine_step(tm
   assert line.endswith("the particles' Langevin step η follows a cosine schedule too.")
 
 
-def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first(tmp_path):
+def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first_then_the_pairs_seeds(
+    tmp_path):
   l128, overrides, results = zoology.ZOOLOGY_GRIDS['zoology_long_l128']
   assert overrides == {'train.steps': 12000}
   assert results == 'results/mqar_zoology_long_l128.json' and results in mqar_cmd.ZOOLOGY_RESULTS
@@ -463,7 +475,8 @@ def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first(tmp_path):
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
   runs = [(o['method'], o['data.seq_len'], o['data.num_pairs'], o['train.learning_rate'],
            o['seed'], o.get('particles.step_size')) for n, o in planned if n not in pilots]
-  # one rate, seed 0; the pair and Hedgehog first; the pair's seeds 1, 2 wait on both seed 0s
+  # one rate, seed 0; the pair and the Hedgehogs first; the pair's seeds 1, 2 wait on both
+  # seed-0 runs of the pair, then go ahead of every seed-0 run not yet finished
   assert runs == [(m, 128, 8, 2.154e-3, 0, 1e-2 if m.startswith('particles') else None)
                   for m in ('particles_softmax', 'hedgehog', 'particles_flow',
                             'hedgehog_distilled', 'taylor', 'elu')] and waiting == 4

@@ -262,6 +262,8 @@ def test_the_committed_zoology_block_is_the_committed_results_files(tmp_path):
   figure = tmp_path / 'figures' / os.path.basename(zoology_page.FIGURE)
   zoology_page.write(files + [str(pilots_only)], str(page), str(figure))
   assert block(page.read_text()) == block(committed)
+  with pytest.raises(ValueError, match=r'^results_files: none of .* holds a finished run'):
+    zoology_page.write([str(pilots_only)], str(page), str(figure))
 
 
 def test_runs_that_kept_a_validation_curve_get_a_third_figure(tmp_path):

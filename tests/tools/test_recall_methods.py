@@ -79,7 +79,7 @@ def _particles(params):
           if isinstance(v, dict) and 'attn' in v}
 
 
-@pytest.mark.parametrize('name', ['hedgehog', 'hedgehog_distilled'])
+@pytest.mark.parametrize('name', ['hedgehog', 'hedgehog_distilled', 'hedgehog_mimicry'])
 def test_hedgehog_starts_at_the_identity_and_its_w_trains(name):
   config = _quick(name)
   method = methods.build(config, jax.random.key_data(jax.random.key(0)))
