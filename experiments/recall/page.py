@@ -54,11 +54,11 @@ def figure(table: dict, path: str) -> str:
       if not by_len:
         continue
       xs = sorted(by_len)
-      style = '--' if method == 'softmax' else '-'
-      ax.plot(xs, [np.mean(by_len[x]) for x in xs], style, marker='o',
-              color=method_color(method), label=method)
+      style, color = '--' if method == 'softmax' else '-', method_color(method)
+      ax.plot(xs, [np.mean(by_len[x]) for x in xs], style, marker='o', color=color,
+              label=method)
       for x in xs:
-        ax.scatter([x] * len(by_len[x]), by_len[x], s=8, color=method_color(method))
+        ax.scatter([x] * len(by_len[x]), by_len[x], s=8, color=color)
     ax.set_xscale('log', base=2)
     ax.set_xlabel('sequence length L (pairs = L/16)')
     ax.set_ylabel('accuracy at answer positions')
