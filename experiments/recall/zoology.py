@@ -62,7 +62,12 @@ ZOOLOGY_LONG = dict(
     # After their seed 0 at 2.15e-3 (particles_softmax 0.435, particles_flow 0.640; no
     # interval at n = 1), the pair's seeds 1 and 2 at that rate, before the rest: paired
     # by seed at one rate fixed in advance (``coulomb_effect``'s ``by_rate``).
-    coulomb_seeds=(1, 2), coulomb_rate=2.154e-3)
+    coulomb_seeds=(1, 2), coulomb_rate=2.154e-3,
+    # Then seeds 1 and 2 at that rate of the ladder's two middle steps (seed 0: favor_mimicry
+    # 0.883, hedgehog_mimicry 0.974, against particles_flow's 0.43-0.64 over three seeds),
+    # before the runs at 1e-2: is the optimiser's step more than one seed's luck?
+    extra_seeds={'methods': ('favor_mimicry', 'hedgehog_mimicry'), 'seeds': (1, 2),
+                 'learning_rate': 2.154e-3})
 
 # The Coulomb pair of zoology_long with the particles' Langevin step annealed by the rest's
 # cosine (particles.schedule = 'cosine'): in zoology_long the Langevin step stays at η while
@@ -72,7 +77,7 @@ ZOOLOGY_LONG = dict(
 # rate of zoology_long's pair), seeds 0, 1 and 2; its own pilot of η.
 ZOOLOGY_LONG_ANNEALED = dict(
     ZOOLOGY_LONG, methods=COULOMB_PAIR, learning_rates=(2.154e-3,), seeds=(0,),
-    coulomb_seeds=(1, 2), coulomb_rate=2.154e-3)
+    coulomb_seeds=(1, 2), coulomb_rate=2.154e-3, extra_seeds=None)
 
 # The same 4x budget at (128, 8), where the particles' lead was first seen (docs/recall.md,
 # the first study: 0.70 at 6,000 steps) and one outside test found Zhang et al.'s Hedgehog
@@ -85,7 +90,7 @@ ZOOLOGY_LONG_ANNEALED = dict(
 ZOOLOGY_LONG_L128 = dict(
     ZOOLOGY_LONG, sweep_cells=((128, 8),), learning_rates=(2.154e-3,),
     methods=('particles_softmax', 'hedgehog', 'particles_flow', 'hedgehog_distilled',
-             'taylor', 'elu'))
+             'taylor', 'elu'), extra_seeds=None)
 
 # The sequential (one run per worker at a time) grids of the zoology protocol: grid ->
 # (the grid, config overrides of every run, its default results file).
@@ -143,7 +148,9 @@ def zoology_plan(root: str, grid: dict = None):
   Order: the pilots; the later seeds of ``COULOMB_PAIR`` at a sweep cell as soon as both
   methods' sweeps of that cell are done (the question whether the Coulomb terms change
   anything needs them paired by seed); where the grid has ``coulomb_seeds``, those seeds of
-  the pair at ``coulomb_rate`` as soon as both seed-0 runs at that rate are done; each
+  the pair at ``coulomb_rate`` as soon as both seed-0 runs at that rate are done; where
+  it has ``extra_seeds`` ({methods, seeds, learning_rate}), those seeds of each of those
+  methods at that rate as soon as the method's own seed-0 run there is done; each
   sweep cell (methods × rates, seed 0; rates × methods where the grid says
   ``rates_first``); (256, 16) (the grid's ``long_cell``, where it has one) seed 0 at each
   method's best rate of (128, 8); seeds 1 and 2 at each method's best rate of each sweep
@@ -158,6 +165,15 @@ def zoology_plan(root: str, grid: dict = None):
     # its seed-0 runs would never be planned: the later seeds would wait for ever
     raise ValueError(f'coulomb_rate {g["coulomb_rate"]!r} is not one of the grid\'s '
                      f'learning_rates {g["learning_rates"]}.')
+  extra_seeds = g.get('extra_seeds')
+  if extra_seeds:                               # the same wait for ever, named
+    if extra_seeds['learning_rate'] not in g['learning_rates']:
+      raise ValueError(f'extra_seeds learning_rate {extra_seeds["learning_rate"]!r} is not '
+                       f'one of the grid\'s learning_rates {g["learning_rates"]}.')
+    missing = [m for m in extra_seeds['methods'] if m not in g['methods']]
+    if missing:
+      raise ValueError(f'extra_seeds methods {missing} are not among the grid\'s methods '
+                       f'{g["methods"]}.')
   w = g['width']
   runs, waiting = [], 0
   eta = {}
@@ -232,6 +248,21 @@ def zoology_plan(root: str, grid: dict = None):
                       _cell(seq_len, num_pairs, w, method=method, seed=seed,
                             **{'train.learning_rate': lr,
                                'particles.step_size': eta[(seq_len, num_pairs)]})))
+  for seq_len, num_pairs in (g['sweep_cells'] if extra_seeds else ()):
+    lr = extra_seeds['learning_rate']
+    for method in extra_seeds['methods']:
+      extra = {'train.learning_rate': lr}
+      if method in methods.LANGEVIN_METHODS:
+        if (seq_len, num_pairs) not in eta:
+          waiting += len(extra_seeds['seeds'])
+          continue
+        extra['particles.step_size'] = eta[(seq_len, num_pairs)]
+      if _read(root, zoology_name(method, seq_len, num_pairs, w, lr, 0)) is None:
+        waiting += len(extra_seeds['seeds'])
+        continue
+      fixed.extend((zoology_name(method, seq_len, num_pairs, w, lr, seed),
+                    _cell(seq_len, num_pairs, w, method=method, seed=seed, **extra))
+                   for seed in extra_seeds['seeds'])
   pilots = [r for r in runs if r[0].startswith('pilot/')]
   ordered = pilots + pair + fixed + runs[len(pilots):] + later
   seen = set()                  # a run both at the fixed rate and at a best rate: once
@@ -357,6 +388,10 @@ def zoology_protocol(config, where: str, batched: bool = False, grid: dict = Non
   if grid.get('coulomb_seeds'):
     protocol['coulomb_seeds'] = {'seeds': list(grid['coulomb_seeds']),
                                  'learning_rate': grid['coulomb_rate']}
+  if grid.get('extra_seeds'):
+    e = grid['extra_seeds']
+    protocol['extra_seeds'] = {'methods': list(e['methods']), 'seeds': list(e['seeds']),
+                               'learning_rate': e['learning_rate']}
   if batched:
     particles = protocol['particles']
     for k in ('pilot_step_sizes', 'pilot_learning_rate', 'pilot_steps'):

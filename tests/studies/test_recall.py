@@ -372,14 +372,15 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
   pilots = ['pilot/particles_softmax-L64-P4-w64-eta1e-03',
             'pilot/particles_softmax-L64-P4-w64-eta3e-03',
             'pilot/particles_softmax-L64-P4-w64-eta1e-02']
-  # waiting on the pilots: the Langevin pair's two rates and its two fixed-rate seeds
-  assert [n for n, _ in planned][:3] == pilots and waiting == 2 * 2 + 2 * 2
+  # waiting on the pilots: the Langevin pair's two rates and its two fixed-rate seeds; on
+  # their own seed-0 runs, the ladder's two middle steps' seeds 1 and 2
+  assert [n for n, _ in planned][:3] == pilots and waiting == 2 * 2 + 2 * 2 + 2 * 2
   for name in pilots:                         # every pilot done: η = 3e-3 chosen
     _finished(tmp_path, name, 0.3 if 'eta3e-03' in name else 0.2)
   planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
   runs = [o for n, o in planned if not n.startswith('pilot/')]
   # The pair's seeds 1 and 2 at the fixed rate wait on both seed-0 runs there.
-  assert waiting == 2 * 2 and len(runs) == len(long_grid['methods']) * 2
+  assert waiting == 2 * 2 + 2 * 2 and len(runs) == len(long_grid['methods']) * 2
   assert {(o['data.seq_len'], o['data.num_pairs'], o['seed']) for o in runs} == {(64, 4, 0)}
   assert {o['train.learning_rate'] for o in runs} == {2.154e-3, 1e-2}
   # rates_first: every method at 2.15e-3, in the grid's method order, before any at 1e-2.
@@ -393,6 +394,8 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
                                                         overrides), 'cpu', grid=long_grid)
   assert protocol['steps'] == 12000 and protocol['learning_rates'] == [2.154e-3, 1e-2]
   assert protocol['coulomb_seeds'] == {'seeds': [1, 2], 'learning_rate': 2.154e-3}
+  assert protocol['extra_seeds'] == {'methods': ['favor_mimicry', 'hedgehog_mimicry'],
+                                     'seeds': [1, 2], 'learning_rate': 2.154e-3}
   # Both seed-0 runs of the pair at 2.15e-3 done: seeds 1 and 2 of the pair there, at the
   # pilot's η, right after the pilots, each run planned once.
   for method in zoology.COULOMB_PAIR:
@@ -400,12 +403,26 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
     _finished(tmp_path, name, 0.5)
   planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
   names = [n for n, _ in planned]
-  assert waiting == 0 and len(names) == len(set(names)) == 3 + 4 + len(runs)
+  assert waiting == 2 * 2 and len(names) == len(set(names)) == 3 + 4 + len(runs)
   assert names[3:7] == [zoology.zoology_name(m, 64, 4, 64, 2.154e-3, s)
                         for s in (1, 2) for m in zoology.COULOMB_PAIR]
   fixed = [o for _, o in planned[3:7]]
   assert {(o['train.learning_rate'], o['particles.step_size']) for o in fixed} == {
       (2.154e-3, 3e-3)}
+  # favor_mimicry's seed 0 done (hedgehog_mimicry's not): its seeds 1 and 2 at 2.15e-3 go
+  # right after the pair's, ahead of every run at 1e-2; hedgehog_mimicry's still wait.
+  _finished(tmp_path, zoology.zoology_name('favor_mimicry', 64, 4, 64, 2.154e-3, 0), 0.8)
+  planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
+  assert waiting == 2 and [n for n, _ in planned][7:9] == [
+      zoology.zoology_name('favor_mimicry', 64, 4, 64, 2.154e-3, s) for s in (1, 2)]
+  assert [(o['method'], o['seed'], o['train.learning_rate']) for _, o in planned[7:9]] == [
+      ('favor_mimicry', s, 2.154e-3) for s in (1, 2)]
+  assert 'particles.step_size' not in planned[7][1]
+  for bad, match in (({'learning_rate': 3e-3}, r'^extra_seeds learning_rate 0\.003 is not'),
+                     ({'methods': ('softmax',)}, r"^extra_seeds methods \['softmax'\] are not")):
+    with pytest.raises(ValueError, match=match):
+      zoology.zoology_plan(str(tmp_path), dict(
+          long_grid, extra_seeds=dict(long_grid['extra_seeds'], **bad)))
   # A run due twice (a seed of the fixed rate that is also a best rate's seed) is listed once.
   again = dict(long_grid, seeds=(0, 1, 2))
   for method in zoology.COULOMB_PAIR:
