@@ -105,7 +105,6 @@ ZOOLOGY_GRIDS = {
 }
 
 
-
 def zoology_name(method, seq_len, num_pairs, width, learning_rate, seed) -> str:
   return f'{method}-L{seq_len}-P{num_pairs}-w{width}-lr{learning_rate:.1e}-seed{seed}'
 
@@ -165,15 +164,14 @@ def zoology_plan(root: str, grid: dict = None):
     # its seed-0 runs would never be planned: the later seeds would wait for ever
     raise ValueError(f'coulomb_rate {g["coulomb_rate"]!r} is not one of the grid\'s '
                      f'learning_rates {g["learning_rates"]}.')
-  extra_seeds = g.get('extra_seeds')
-  if extra_seeds:                               # the same wait for ever, named
-    if extra_seeds['learning_rate'] not in g['learning_rates']:
-      raise ValueError(f'extra_seeds learning_rate {extra_seeds["learning_rate"]!r} is not '
-                       f'one of the grid\'s learning_rates {g["learning_rates"]}.')
-    missing = [m for m in extra_seeds['methods'] if m not in g['methods']]
-    if missing:
-      raise ValueError(f'extra_seeds methods {missing} are not among the grid\'s methods '
-                       f'{g["methods"]}.')
+  extra_seeds = g.get('extra_seeds')            # the same wait for ever, named
+  if extra_seeds and extra_seeds['learning_rate'] not in g['learning_rates']:
+    raise ValueError(f'extra_seeds learning_rate {extra_seeds["learning_rate"]!r} is not '
+                     f'one of the grid\'s learning_rates {g["learning_rates"]}.')
+  missing = sorted(set(extra_seeds['methods']) - set(g['methods'])) if extra_seeds else []
+  if missing:
+    raise ValueError(f'extra_seeds methods {missing} are not among the grid\'s methods '
+                     f'{g["methods"]}.')
   w = g['width']
   runs, waiting = [], 0
   eta = {}
@@ -252,14 +250,13 @@ def zoology_plan(root: str, grid: dict = None):
     lr = extra_seeds['learning_rate']
     for method in extra_seeds['methods']:
       extra = {'train.learning_rate': lr}
-      if method in methods.LANGEVIN_METHODS:
-        if (seq_len, num_pairs) not in eta:
-          waiting += len(extra_seeds['seeds'])
-          continue
-        extra['particles.step_size'] = eta[(seq_len, num_pairs)]
-      if _read(root, zoology_name(method, seq_len, num_pairs, w, lr, 0)) is None:
+      langevin = method in methods.LANGEVIN_METHODS
+      if ((langevin and (seq_len, num_pairs) not in eta)
+          or _read(root, zoology_name(method, seq_len, num_pairs, w, lr, 0)) is None):
         waiting += len(extra_seeds['seeds'])
         continue
+      if langevin:
+        extra['particles.step_size'] = eta[(seq_len, num_pairs)]
       fixed.extend((zoology_name(method, seq_len, num_pairs, w, lr, seed),
                     _cell(seq_len, num_pairs, w, method=method, seed=seed, **extra))
                    for seed in extra_seeds['seeds'])
