@@ -176,8 +176,9 @@ def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_l
   """``path`` (a zoology grid's results file, e.g. the binding results/mqar_zoology.json) and
   one file per run in ``runs_dir`` from every finished run under ``root``, keeping the runs
   ``path`` holds that ``root`` lacks (a run in both is taken from ``root``); ``grid``: the
-  grid's plan (``zoology.ZOOLOGY_GRIDS``, ``BATCHED_GRIDS``; default ``zoology.ZOOLOGY``),
-  for the protocol's rates. Rows of another budget are refused (``check_sources``)."""
+  grid's plan (``zoology.ZOOLOGY_GRIDS``, ``batched_lib.BATCHED_GRIDS``; default
+  ``zoology.ZOOLOGY``), for the protocol's rates. Rows of another budget are refused
+  (``check_sources``)."""
   check_sources(config, root, path, grid)
   runs, pilots = zoology.zoology_rows(root)
   old_failed = []
@@ -290,7 +291,7 @@ def archive_runs(root: str, path: str) -> None:
 
 def run_batched(config, programs, root: str, results: str, runs_dir: str, budget_s: float,
                 archive: str, log=run_lib.log_line, grid=None) -> int:
-  """A batched grid's ``programs`` (``zoology.batched_programs``) in order until
+  """A batched grid's ``programs`` (``batched_lib.batched_programs``) in order until
   ``budget_s`` − 60 s, none training past ``budget_s``; after each program ``--results``,
   the per-run files and, if given, ``archive`` are rewritten."""
   start = time.time()
@@ -327,9 +328,9 @@ _MODE_FLAGS = {
                 lambda collect, grid: collect or grid),
     'runs_dir': ('--grid=zoology, zoology_long or a batched grid',
                  lambda collect, grid: (grid in zoology.ZOOLOGY_GRIDS
-                                        or grid in zoology.BATCHED_GRIDS)),
+                                        or grid in batched_lib.BATCHED_GRIDS)),
     'archive': ('a batched grid, without --collect_only',
-                lambda collect, grid: grid in zoology.BATCHED_GRIDS and not collect),
+                lambda collect, grid: grid in batched_lib.BATCHED_GRIDS and not collect),
 }
 
 
@@ -360,10 +361,10 @@ def main(argv):
     raise cli.ConfigError('--workdir is required.')
   check_flags()
   config = FLAGS.config
-  batched = FLAGS.grid in zoology.BATCHED_GRIDS
+  batched = FLAGS.grid in batched_lib.BATCHED_GRIDS
   if FLAGS.grid in zoology.ZOOLOGY_GRIDS or batched:
     if batched:
-      grid = zoology.BATCHED_GRIDS[FLAGS.grid]
+      grid = batched_lib.BATCHED_GRIDS[FLAGS.grid]
       overrides, default = grid.get('overrides', {}), grid['results']
     else:
       grid, overrides, default = zoology.ZOOLOGY_GRIDS[FLAGS.grid]
@@ -397,7 +398,7 @@ def main(argv):
     if batched:
       if FLAGS.archive:
         check_outputs(archive=FLAGS.archive)
-      programs = zoology.batched_programs(grid)
+      programs = batched_lib.batched_programs(grid)
       for _, overrides, specs in programs:                          # before any compute
         batched_lib.check_program(grid_lib.apply_overrides(config, overrides),
                                   [batched_lib.Spec(*s) for s in specs])
@@ -437,8 +438,9 @@ if __name__ == '__main__':
   config_flags.DEFINE_config_file('config', 'configs/mqar.py', 'MQAR run config.',
                                   lock_config=False)
   flags.DEFINE_string('workdir', None, 'Run folder (with --grid: the grid folder).')
-  flags.DEFINE_string('grid', '', f'Run a grid of '
-                      f'{sorted(grid_lib.GRIDS) + sorted(zoology.ZOOLOGY_GRIDS) + sorted(zoology.BATCHED_GRIDS)} '
+  grids = (sorted(grid_lib.GRIDS) + sorted(zoology.ZOOLOGY_GRIDS)
+           + sorted(batched_lib.BATCHED_GRIDS))
+  flags.DEFINE_string('grid', '', f'Run a grid of {grids} '
                       'instead of one run (zoology*: with --config=configs/mqar.py:zoology; '
                       'zoology_batched: every (cell, width, method) as one vmapped program, '
                       'for a GPU).')

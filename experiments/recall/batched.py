@@ -24,6 +24,9 @@ So the K = 1 program equals ``run.train_and_evaluate`` (tests/tools/test_recall_
 checks the params and the scores). ``result.json`` of each run is written into
 ``<root>/<run name>/`` as ``run.py`` writes it, with ``runs_in_program`` = K and
 ``train_seconds`` = the program's training time (shared by its K runs).
+
+The grids (``BATCHED_GRIDS``: cells × methods × rates × seeds, × η for the Langevin
+methods) and their programs in order (``batched_programs``) are at the end.
 """
 
 import json
@@ -294,7 +297,7 @@ def train_program(config, specs: Sequence[Spec], root: str, log=run_lib.log_line
 def run_programs(config, root: str, programs, log=run_lib.log_line, *,
                  stop_starting_at: Optional[float] = None, deadline: Optional[float] = None,
                  after_program=None) -> int:
-  """Every program of ``programs`` (``zoology.batched_programs``) not finished or claimed,
+  """Every program of ``programs`` (``batched_programs``) not finished or claimed,
   in order; several workers may share ``root`` (a program is claimed by a lock on
   ``<root>/programs/<name>/lock``). No program starts after ``stop_starting_at`` and a
   program still training at ``deadline`` stops and writes nothing (``time.time()``
@@ -335,3 +338,61 @@ def run_programs(config, root: str, programs, log=run_lib.log_line, *,
       if after_program is not None:
         after_program()
   return made
+
+
+# Issue 36 item 4: the whole grid as vmapped programs (``train_program``), for one GPU. A
+# program is one (cell, width, method); its runs are every rate × seed (× η for the
+# Langevin methods: the pilot becomes part of the sweep, (rate, η) chosen together on
+# seed 0's validation batch). Most informative first: (128, 8) at width 64 (the open
+# question), (64, 4), then width 128, then (256, 16).
+ZOOLOGY_BATCHED = {
+    'cells': (((128, 8), 64), ((64, 4), 64), ((128, 8), 128), ((64, 4), 128),
+              ((256, 16), 64), ((256, 16), 128)),
+    'methods': ('particles_softmax', 'particles_flow', 'hedgehog', 'taylor', 'elu',
+                'favor_orthogonal', 'hedgehog_distilled', 'softmax'),
+    'learning_rates': zoology.ZOOLOGY['learning_rates'],
+    'seeds': zoology.ZOOLOGY['seeds'],
+    'step_sizes': zoology.ZOOLOGY['pilot_step_sizes'],
+    'results': 'results/mqar_zoology_gpu.json',    # its results file (runs: <name>/ beside)
+}
+
+
+def batched_programs(grid: dict = None):
+  """``[(program name, {config field: value}, [(learning_rate, seed, step_size or None)])]``
+  in the order the programs are made: per cell, every method's rates × seeds, one program
+  per η for the Langevin methods (at 36 runs per program their XLA GPU compile did not end
+  in 8 minutes on an H200, 2026-12-04; 12 compile in under a minute)."""
+  g = grid or ZOOLOGY_BATCHED
+  out = []
+  for (seq_len, num_pairs), width in g['cells']:
+    for method in g['methods']:
+      etas = g['step_sizes'] if method in methods.LANGEVIN_METHODS else (None,)
+      for eta in etas:
+        specs = [(lr, seed, eta) for lr in g['learning_rates'] for seed in g['seeds']]
+        name = f'{method}-L{seq_len}-P{num_pairs}-w{width}'
+        out.append((name if eta is None else f'{name}-eta{eta:.0e}',
+                    {'data.seq_len': seq_len, 'data.num_pairs': num_pairs,
+                     'model.width': width, 'method': method}, specs))
+  return out
+
+
+BATCHED_GRIDS = {
+    'zoology_batched': ZOOLOGY_BATCHED,
+    # The same at 4x the steps (12,000, about 8 epochs of the 100k set; Zoology trains up
+    # to 64), width 64 only: at 3000 steps no linear map left 0.25 at (64, 4) on the GPU
+    # (results/mqar_zoology_gpu.json). (64, 4) first: there the CPU's 4x runs (seed 0)
+    # left 1/P (results/mqar_zoology_long.json), so its rates x seeds answer most. Its own
+    # results file (one protocol per file). The ladder from particles_flow to the distilled
+    # Hedgehog (ZOOLOGY_LONG) first, one part apart per method, then the other maps.
+    'zoology_batched_long': dict(ZOOLOGY_BATCHED, cells=(((64, 4), 64), ((128, 8), 64)),
+                                 methods=('particles_softmax', 'particles_flow',
+                                          'favor_mimicry', 'hedgehog_mimicry',
+                                          'hedgehog_distilled', 'hedgehog', 'taylor', 'elu',
+                                          'favor_orthogonal', 'softmax'),
+                                 overrides={'train.steps': 12000},
+                                 results='results/mqar_zoology_gpu_long.json'),
+    # A test-sized batched grid (with configs/mqar.py:zoology,quick).
+    'tiny_batched': {'results': 'workdir/mqar_tiny_batched.json',
+                     'cells': (((16, 2), 16),), 'methods': ('particles_softmax', 'softmax'),
+                     'learning_rates': (1e-2, 3e-3), 'seeds': (0, 1), 'step_sizes': (1e-2,)},
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The recall grid of issue 36 on one GPU: every (cell, width, method) of
-# experiments/recall/zoology.py:ZOOLOGY_BATCHED as one vmapped program (all learning rates ×
+# experiments/recall/batched.py:ZOOLOGY_BATCHED as one vmapped program (all learning rates ×
 # seeds, × η for the Langevin methods; experiments/recall/batched.py), configs/mqar.py:zoology,
 # JOBS worker processes sharing the GPU and claiming programs in order (most informative
 # first), no program started after BUDGET_S − 60 s and none training past BUDGET_S.
@@ -15,7 +15,7 @@
 #   .venv/bin/python -m experiments.mqar --config=configs/mqar.py:zoology \
 #       --grid=zoology_batched --workdir=workdir/mqar_zoology_gpu --collect_only
 #   (results/mqar_zoology_gpu.json and results/runs/mqar_zoology_gpu/; with
-#   GRID=zoology_batched_long, its own results file, zoology.BATCHED_GRIDS).
+#   GRID=zoology_batched_long, its own results file, batched.BATCHED_GRIDS).
 #
 # The commit: the copy there has no .git. On this side,
 #     bash experiments/recall/gpu_grid.sh --command
@@ -25,7 +25,7 @@
 # Here, tiny, to check the script itself (CPU, configs/mqar.py:zoology,quick, tiny_batched):
 #     GPU_GRID_SMOKE=1 OUT=/tmp/recall_gpu bash experiments/recall/gpu_grid.sh
 #
-# Environment: OUT, PYTHON, GRID (a name of experiments/recall/zoology.py:BATCHED_GRIDS,
+# Environment: OUT, PYTHON, GRID (a name of experiments/recall/batched.py:BATCHED_GRIDS,
 # default zoology_batched), BUDGET_S (default 420), JOBS (default 6), WORK (default
 # workdir/recall_gpu; rows of 5a11465 ran with /tmp/recall_gpu_runs, recorded as $WORK),
 # COULOMB_JAX_COMMIT, GPU_GRID_SMOKE.
@@ -71,8 +71,8 @@ else
   CONFIG=configs/mqar.py:zoology; GRID=${GRID:-zoology_batched}
   BUDGET_S=${BUDGET_S:-420}; JOBS=${JOBS:-6}
 fi
-COMMITTED=$($PY -c "import sys; from experiments.recall import zoology; \
-print(zoology.BATCHED_GRIDS[sys.argv[1]].get('results', ''))" "$GRID") || exit 1
+COMMITTED=$($PY -c "import sys; from experiments.recall import batched; \
+print(batched.BATCHED_GRIDS[sys.argv[1]].get('results', ''))" "$GRID") || exit 1
 {
   date -u; echo "commit: $COULOMB_JAX_COMMIT; budget $BUDGET_S s; jobs $JOBS; grid $GRID"
   timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null

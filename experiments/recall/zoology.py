@@ -4,8 +4,8 @@ r"""Zoology's protocol (issue 36, configs/mqar.py:zoology): which runs, in which
 The sequential grids (``ZOOLOGY_GRIDS``: one run per worker at a time, resumable, claimed
 with ``grid.claim``): ``zoology_plan(root, grid)`` lists the runs whose prerequisites are
 finished (a cell's pilot picks the particles' step size, a cell's sweep picks each
-method's rate). The batched grids (``BATCHED_GRIDS``, for one GPU): ``batched_programs``
-lists one vmapped program per (cell, width, method[, η]) (experiments/recall/batched.py).
+method's rate). The batched grids, for one GPU, are experiments/recall/batched.py's
+(``BATCHED_GRIDS``: one vmapped program per (cell, width, method[, η])).
 ``zoology_file(runs, pilots, protocol)`` is the binding results object: protocol, runs,
 ``best`` (``zoology_best``) and ``coulomb_effect``.
 """
@@ -378,9 +378,12 @@ RUN_FIELDS = ('seq_len', 'num_pairs', 'width', 'method', 'learning_rate', 'seed'
 def zoology_protocol(config, where: str, batched: bool = False, grid: dict = None) -> dict:
   """The settings every run of the grid shares (``config``: configs/mqar.py:zoology, with
   the grid's overrides); ``batched``: the vmapped grid's (η swept with the rate instead of a
-  pilot); ``grid``: the grid's plan, for its rates and step sizes (default ``ZOOLOGY``, or
-  ``ZOOLOGY_BATCHED`` when ``batched``)."""
-  grid = grid or (ZOOLOGY_BATCHED if batched else ZOOLOGY)
+  pilot); ``grid``: the grid's plan, for its rates and step sizes (default ``ZOOLOGY``; a
+  batched one, ``batched.BATCHED_GRIDS``, must be given)."""
+  if batched and grid is None:
+    raise ValueError('zoology_protocol: a batched protocol needs its grid '
+                     '(experiments/recall/batched.py: BATCHED_GRIDS).')
+  grid = grid or ZOOLOGY
   protocol = _zoology_protocol(config, where, dict(ZOOLOGY, **grid) if batched else grid)
   if grid.get('coulomb_seeds'):
     protocol['coulomb_seeds'] = {'seeds': list(grid['coulomb_seeds']),
@@ -445,55 +448,3 @@ def zoology_file(runs: List[dict], pilots: List[dict], protocol: dict) -> dict:
   return {'protocol': protocol, 'runs': runs, 'best': best,
           'coulomb_effect': coulomb_effect(runs, best),
           'pilots': [shape(r) for r in sort(pilots)]}
-
-
-# Issue 36 item 4: the whole grid as vmapped programs (experiments/recall/batched.py), for
-# one GPU. A program is one (cell, width, method); its runs are every rate × seed (× η for
-# the Langevin methods: the pilot becomes part of the sweep, (rate, η) chosen together on
-# seed 0's validation batch). Most informative first: (128, 8) at width 64 (the open
-# question), (64, 4), then width 128, then (256, 16).
-ZOOLOGY_BATCHED = {
-    'cells': (((128, 8), 64), ((64, 4), 64), ((128, 8), 128), ((64, 4), 128),
-              ((256, 16), 64), ((256, 16), 128)),
-    'methods': ('particles_softmax', 'particles_flow', 'hedgehog', 'taylor', 'elu',
-                'favor_orthogonal', 'hedgehog_distilled', 'softmax'),
-    'learning_rates': ZOOLOGY['learning_rates'],
-    'seeds': ZOOLOGY['seeds'],
-    'step_sizes': ZOOLOGY['pilot_step_sizes'],
-    'results': 'results/mqar_zoology_gpu.json',    # its results file (runs: <name>/ beside)
-}
-
-
-def batched_programs(grid: dict = None):
-  """``[(program name, {config field: value}, [(learning_rate, seed, step_size or None)])]``
-  in the order the programs are made: per cell, every method's rates × seeds, one program
-  per η for the Langevin methods (at 36 runs per program their XLA GPU compile did not end
-  in 8 minutes on an H200, 2026-12-04; 12 compile in under a minute)."""
-  g = grid or ZOOLOGY_BATCHED
-  out = []
-  for (seq_len, num_pairs), width in g['cells']:
-    for method in g['methods']:
-      etas = g['step_sizes'] if method in methods.LANGEVIN_METHODS else (None,)
-      for eta in etas:
-        specs = [(lr, seed, eta) for lr in g['learning_rates'] for seed in g['seeds']]
-        name = f'{method}-L{seq_len}-P{num_pairs}-w{width}'
-        out.append((name if eta is None else f'{name}-eta{eta:.0e}',
-                    _cell(seq_len, num_pairs, width, method=method), specs))
-  return out
-
-
-BATCHED_GRIDS = {
-    'zoology_batched': ZOOLOGY_BATCHED,
-    # The same at 4x the steps (12,000, about 8 epochs of the 100k set; Zoology trains up
-    # to 64), width 64 only: at 3000 steps no linear map left 0.25 at (64, 4) on the GPU
-    # (results/mqar_zoology_gpu.json). (64, 4) first: there the CPU's 4x runs (seed 0)
-    # left 1/P (results/mqar_zoology_long.json), so its rates x seeds answer most. Its own
-    # results file (one protocol per file).
-    'zoology_batched_long': dict(ZOOLOGY_BATCHED, cells=(((64, 4), 64), ((128, 8), 64)),
-                                 overrides={'train.steps': 12000},
-                                 results='results/mqar_zoology_gpu_long.json'),
-    # A test-sized batched grid (with configs/mqar.py:zoology,quick).
-    'tiny_batched': {'results': 'workdir/mqar_tiny_batched.json',
-                     'cells': (((16, 2), 16),), 'methods': ('particles_softmax', 'softmax'),
-                     'learning_rates': (1e-2, 3e-3), 'seeds': (0, 1), 'step_sizes': (1e-2,)},
-}

@@ -28,12 +28,16 @@ def _config(method, **overrides):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('method, early_stop', [('particles_softmax', 1e-6)])
+@pytest.mark.parametrize('method, early_stop', [('particles_softmax', 1e-6),
+                                                ('favor_mimicry', 1e-6),
+                                                ('hedgehog_mimicry', 1.0)])
 def test_a_program_equals_its_runs_made_one_by_one(tmp_path, method, early_stop):
   # particles_softmax: per-run rate, η, calibrated λ and β and Langevin key, all traced;
-  # early_stop 1e-6 stops the runs whose validation accuracy is > 0 at step 2 and no other.
-  # (Every other method was checked the same way by hand at 5a11465: softmax,
-  # hedgehog_distilled, particles_flow and taylor equal their runs to rtol 1e-6.)
+  # early_stop 1e-6 stops the runs whose validation accuracy is > 0 at step 2 and no other
+  # (hedgehog_mimicry's all stay at 0 there: 1.0, no stop). The two AdamW mimicry methods
+  # are in zoology_batched_long only. (Every other method was checked the same way by hand
+  # at 5a11465: softmax, hedgehog_distilled, particles_flow and taylor equal their runs to
+  # rtol 1e-6.)
   config = _config(method, **{'train.early_stop': early_stop})
   eta = 1e-2 if method == 'particles_softmax' else None
   specs = [batched.Spec(lr, seed, eta) for lr in (1e-2, 3e-3) for seed in (0, 1)]
@@ -100,7 +104,7 @@ def test_a_spec_that_does_not_fit_the_method_is_refused_before_compute():
 
 
 def test_no_program_starts_after_the_budget(tmp_path):
-  programs = zoology.batched_programs(zoology.BATCHED_GRIDS['tiny_batched'])
+  programs = batched.batched_programs(batched.BATCHED_GRIDS['tiny_batched'])
   lines = []
   made = batched.run_programs(mqar_config.get_config('zoology,quick'), str(tmp_path), programs,
                               lines.append, stop_starting_at=time.time() - 1)
@@ -211,7 +215,7 @@ def test_the_batched_grid_command_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_program_is_recorded_and_the_worker_goes_on(tmp_path, monkeypatch):
-  programs = zoology.batched_programs(zoology.BATCHED_GRIDS['tiny_batched'])
+  programs = batched.batched_programs(batched.BATCHED_GRIDS['tiny_batched'])
   real = batched.train_program
 
   def fail_the_first(config, specs, *args, **kwargs):
@@ -229,8 +233,14 @@ def test_a_failing_program_is_recorded_and_the_worker_goes_on(tmp_path, monkeypa
   assert batched.run_programs(config, str(tmp_path), programs, lines.append) == 0
 
 
+def test_a_batched_protocol_without_its_grid_is_refused():
+  config = _config('softmax')
+  with pytest.raises(ValueError, match=r'^zoology_protocol: a batched protocol needs its grid'):
+    zoology.zoology_protocol(config, 'gpu', batched=True)
+
+
 def test_the_langevin_methods_get_one_program_per_step_size():
-  programs = zoology.batched_programs()
+  programs = batched.batched_programs()
   names = [name for name, _, _ in programs]
   assert 'particles_softmax-L128-P8-w64-eta3e-03' in names and 'hedgehog-L128-P8-w64' in names
   assert {len(specs) for _, _, specs in programs} == {12}
