@@ -486,24 +486,25 @@ def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first_then_the_pai
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
   pilots = [n for n, _ in planned if n.startswith('pilot/')]
   assert pilots == [f'pilot/particles_softmax-L128-P8-w64-eta{eta}'
-                    for eta in ('1e-03', '3e-03', '1e-02')] and waiting == 2 + 4
+                    for eta in ('1e-03', '3e-03', '1e-02')] and waiting == 2 + 8
   for name in pilots:                             # every pilot done: η = 1e-2 chosen
     _finished(tmp_path, name, 0.3 if 'eta1e-02' in name else 0.2)
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
   runs = [(o['method'], o['data.seq_len'], o['data.num_pairs'], o['train.learning_rate'],
            o['seed'], o.get('particles.step_size')) for n, o in planned if n not in pilots]
   # one rate, seed 0; the pair and the Hedgehogs first; the pair's seeds 1, 2 wait on both
-  # seed-0 runs of the pair, then go ahead of every seed-0 run not yet finished
+  # seed-0 runs of the pair, then go ahead of every seed-0 run not yet finished (seeds 3
+  # and 4 too, added after seeds 0-2 disagreed)
   assert runs == [(m, 128, 8, 2.154e-3, 0, 1e-2 if m.startswith('particles') else None)
                   for m in ('particles_softmax', 'hedgehog', 'particles_flow',
-                            'hedgehog_distilled', 'taylor', 'elu')] and waiting == 4
+                            'hedgehog_distilled', 'taylor', 'elu')] and waiting == 8
   for method in zoology.COULOMB_PAIR:
     name = zoology.zoology_name(method, 128, 8, 64, 2.154e-3, 0)
     _finished(tmp_path, name, 0.5)
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
-  assert waiting == 0 and [n for n, _ in planned][3:7] == [
+  assert waiting == 0 and [n for n, _ in planned][3:11] == [
       zoology.zoology_name(m, 128, 8, 64, 2.154e-3, s)
-      for s in (1, 2) for m in zoology.COULOMB_PAIR]
+      for s in (1, 2, 3, 4) for m in zoology.COULOMB_PAIR]
 
 
 def test_a_grid_refuses_langevin_rows_of_another_particle_schedule():
