@@ -88,7 +88,7 @@ ZOOLOGY_LONG_ANNEALED = dict(
 # pair's later seeds at that rate go ahead of every seed-0 run not yet started once both
 # of the pair's seed-0 runs are done. No rate sweep: this compares, it does not rank.
 # Seeds 3 and 4 of the pair (ReBased's five seeds) were added after seeds 0-2 gave paired
-# differences +0.593, -0.014, +0.444 (95% interval -0.444 to +1.126): fixed before any of
+# differences +0.593, -0.014, +0.443 (95% interval -0.444 to +1.126): fixed before any of
 # them ran, reported whatever they give; they go ahead of the other seed-0 runs too.
 ZOOLOGY_LONG_L128 = dict(
     ZOOLOGY_LONG, sweep_cells=((128, 8),), learning_rates=(2.154e-3,),
