@@ -85,7 +85,7 @@ ZOOLOGY_LONG_ANNEALED = dict(
 # 2.15e-3 (zoology_long's comparison, and the best 12,000-step rate of the one method run
 # at two there), seed 0 of every method in this order: the Coulomb pair and Hedgehog,
 # then the distilled Hedgehog (the best linear map at (64, 4)); as in zoology_long, the
-# pair's later seeds at that rate go ahead of every seed-0 run not yet started once both
+# pair's later seeds at that rate go ahead of every seed-0 run not yet finished once both
 # of the pair's seed-0 runs are done. No rate sweep: this compares, it does not rank.
 # Seeds 3 and 4 of the pair (ReBased's five seeds) were added after seeds 0-2 gave paired
 # differences +0.593, -0.014, +0.443 (95% interval -0.444 to +1.126): fixed before any of
