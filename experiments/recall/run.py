@@ -3,7 +3,7 @@ r"""One MQAR run: check the config, train (resuming from the last checkpoint), e
 ``train_and_evaluate(config, workdir)`` writes into ``workdir``:
 
 * ``config.json``: the run's config; a workdir holding another config is refused;
-* ``checkpoint.msgpack``: ``{step, seconds, state}`` every ``train.checkpoint_every`` steps,
+* ``checkpoint.msgpack``: ``{step, seconds, state, valid_curve, segments}`` every ``train.checkpoint_every`` steps,
   written to a temporary file and renamed (a killed run loses at most that many steps);
 * ``result.json``: the binding row of ``results/mqar.json`` (seq_len, num_pairs, width,
   method, num_features, seed, accuracy, train_seconds) plus loss, steps, vocab, num_train
@@ -11,7 +11,10 @@ r"""One MQAR run: check the config, train (resuming from the last checkpoint), e
   at the end (``particle_diversity``); with early stopping on, ``valid_curve``
   ``{step, accuracy, loss}`` on the validation batch at every ``train.eval_every`` steps
   (kept in the checkpoint; a run resumed from a checkpoint older than the curve has it
-  from the resume on). A finished run is not trained again.
+  from the resume on); ``segments``, one ``{commit, date, from_step}`` per stretch of
+  training (the first run, then each resume: ``segment``; kept in the checkpoint, from the
+  resume on for a checkpoint older than them), where ``commit`` and ``date`` are those of
+  the process that finished it. A finished run is not trained again.
 
 Training batches: with ``data.train_examples = 0`` step t draws
 ``mqar_batch(fold_in(k_train, t), batch_size, ...)``, so every step sees fresh sequences and
@@ -29,6 +32,7 @@ once, from the forces on the initial particles and the first training batch
 (``calibrate``): the same numbers on every resume.
 """
 
+import datetime
 import json
 import os
 import time
@@ -140,16 +144,17 @@ def _check_workdir(config, workdir: str) -> None:
 
 
 def _restore(workdir: str, state):
-  """``(state, step, seconds, valid curve)`` of the checkpoint (a checkpoint written
-  before the curve was kept: an empty curve, so it starts at the resume)."""
+  """``(state, step, seconds, valid curve, segments)`` of the checkpoint (a checkpoint
+  written before the curve or the segments were kept: empty ones, so they start at the
+  resume)."""
   path = os.path.join(workdir, CHECKPOINT_FILE)
   if not os.path.exists(path):
-    return state, 0, 0.0, valid_curve()
+    return state, 0, 0.0, valid_curve(), []
   with open(path, 'rb') as f:
     blob = serialization.msgpack_restore(f.read())
   state = serialization.from_state_dict(state, blob['state'])
   curve = valid_curve(**blob.get('valid_curve', {}))
-  return state, int(blob['step']), float(blob['seconds']), curve
+  return state, int(blob['step']), float(blob['seconds']), curve, list(blob.get('segments', []))
 
 
 def valid_curve(step=(), accuracy=(), loss=()) -> dict:
@@ -165,10 +170,20 @@ def add_point(curve: dict, step: int, accuracy, loss) -> None:
   curve['loss'].append(float(loss))
 
 
-def _save(workdir: str, state, step: int, seconds: float, curve: dict) -> None:
+def segment(metadata: dict, from_step: int) -> dict:
+  """One stretch of a run's training: ``{commit, date, from_step}``, the commit of the code
+  that trained from ``from_step`` on (``metadata``'s, taken when its process started) and
+  the UTC date it began. A run trained in one go has one; each resume adds one."""
+  return {'commit': metadata['commit'],
+          'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+          'from_step': int(from_step)}
+
+
+def _save(workdir: str, state, step: int, seconds: float, curve: dict,
+          segments: list) -> None:
   blob = serialization.msgpack_serialize(
       {'step': step, 'seconds': seconds, 'state': serialization.to_state_dict(state),
-       'valid_curve': curve})
+       'valid_curve': curve, 'segments': segments})
   with provenance.atomic_open(os.path.join(workdir, CHECKPOINT_FILE), 'wb') as f:
     f.write(blob)
 
@@ -352,7 +367,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
     state = make(method)
     log(f'{workdir}: calibrated ' + ', '.join(f'{k} {v:.4g}' for k, v in calibration.items()))
   initial_diversity = particle_diversity(jax.device_get(state.params))
-  state, step, seconds, curve = _restore(workdir, state)
+  state, step, seconds, curve, segments = _restore(workdir, state)
+  segments.append(segment(metadata, step))
   saved_step = step
   if step:
     log(f'{workdir}: resumed at step {step} of {t.steps}')
@@ -380,7 +396,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
         log(f'{workdir}: validation accuracy {accuracy:.4f} >= {t.early_stop} at step {step}: '
             f'early stop')
     if step % t.checkpoint_every == 0 or step == t.steps or stopped:
-      _save(workdir, state, step, seconds, curve)
+      _save(workdir, state, step, seconds, curve, segments)
       saved_step = step
     if stopped:
       break
@@ -392,6 +408,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, log=log_
   row['valid_loss'] = float(valid_metrics['loss'])
   if curve['step']:
     row['valid_curve'] = curve
+  row['segments'] = segments
   if calibration is not None:
     row['calibration'] = calibration
   if initial_diversity:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import serialization
 
 from configs import mqar as mqar_config
 from experiments import mqar as mqar_cmd
@@ -97,15 +98,34 @@ def test_the_validation_curve_is_kept_across_a_resume(tmp_path):
   assert curve['accuracy'][-1] == pytest.approx(whole['valid_accuracy'])
   assert curve['loss'][-1] == pytest.approx(whole['valid_loss'])
   cut = str(tmp_path / 'cut')
+  first = {'command': 'c', 'commit': 'aaa', 'date': 'd', 'machine': {}}
   run.train_and_evaluate(grid.apply_overrides(config, {'train.steps': 2}), cut + '_2',
-                         log=lambda *_: None)
+                         log=lambda *_: None, metadata=first)
   os.makedirs(cut)
   shutil.copy(os.path.join(cut + '_2', run.CHECKPOINT_FILE), cut)
   logs = []
-  resumed = run.train_and_evaluate(config, cut, log=logs.append)
+  resumed = run.train_and_evaluate(config, cut, log=logs.append,
+                                   metadata=dict(first, commit='bbb'))
   assert any('resumed at step 2 of 6' in line for line in logs)
   assert resumed['valid_curve']['step'] == curve['step']
   assert resumed['valid_curve']['accuracy'] == pytest.approx(curve['accuracy'])
+  # Each stretch of training names the commit that ran it and the step it began at; the
+  # row's commit is the last one's. A run trained in one go has one stretch.
+  assert [(s['commit'], s['from_step']) for s in resumed['segments']] == [('aaa', 0),
+                                                                           ('bbb', 2)]
+  assert resumed['commit'] == 'bbb' and all('T' in s['date'] for s in resumed['segments'])
+  assert [s['from_step'] for s in whole['segments']] == [0]
+  # A checkpoint written before segments were kept: they start at the resume.
+  path = os.path.join(cut + '_2', run.CHECKPOINT_FILE)
+  with open(path, 'rb') as f:
+    blob = serialization.msgpack_restore(f.read())
+  del blob['segments']
+  with open(path, 'wb') as f:
+    f.write(serialization.msgpack_serialize(blob))
+  os.remove(os.path.join(cut + '_2', run.RESULT_FILE))
+  old = run.train_and_evaluate(grid.apply_overrides(config, {'train.steps': 2}), cut + '_2',
+                               log=lambda *_: None, metadata=dict(first, commit='ccc'))
+  assert [(s['commit'], s['from_step']) for s in old['segments']] == [('ccc', 2)]
   # Without early stopping no validation batch is evaluated during training: no curve.
   assert 'valid_curve' not in run.train_and_evaluate(quick('elu'), str(tmp_path / 'plain'),
                                                      log=lambda *_: None)
