@@ -5,7 +5,9 @@ r"""The Zoology-protocol block of ``docs/recall.md`` from the grid's results fil
 positions against the learning rate, one panel per (cell, width), one line per method (the
 mean over the seeds run at that rate, a bar from the lowest to the highest seed; the
 Langevin methods at the η chosen with the rate on seed 0's validation batch), then
-accuracy at the chosen rate against the state size (Zoology's recall–memory view), and replaces
+accuracy at the chosen rate against the state size (Zoology's recall–memory view), the
+validation curves of the runs that kept one, and the Coulomb pair's paired differences per
+seed with their mean and interval (``coulomb_figure``), and replaces
 the ``mqar_zoology`` block of the page with the best-rate table (``zoology.zoology_best``, per
 file), the chance level 1/P, what has not run, and the runs' commands, commits and machines.
 """
@@ -46,6 +48,16 @@ def curve_figure_path(figure_path: str) -> str:
   """Where the validation-curve figure goes: beside ``figure_path``, its ``_vs_rate``
   turned into ``_vs_step`` (else ``<name>_step.png``)."""
   return _beside(figure_path, 'step')
+
+
+def coulomb_figure_path(figure_path: str) -> str:
+  """Where the Coulomb-pair figure goes: beside ``figure_path``, its ``_accuracy_vs_rate``
+  turned into ``_coulomb_pair`` (else ``<name>_coulomb_pair.png``)."""
+  head, name = os.path.split(figure_path)
+  stem, ext = os.path.splitext(name)
+  if stem.endswith('_accuracy_vs_rate'):
+    stem = stem[:-len('_accuracy_vs_rate')]
+  return os.path.join(head, stem + '_coulomb_pair' + ext)
 
 
 def _load(path: str) -> dict:
@@ -197,6 +209,63 @@ def curve_figure(panels, path: str) -> str:
   return plots.save(fig, path)
 
 
+def coulomb_points(tables) -> list:
+  """``[(label, (seq_len, num_pairs, width), {seed: difference}, effect)]``: per results
+  file and cell with a ``coulomb_effect`` of one seed or more, the paired differences
+  (first method − second) at each method's chosen rate and η, the seeds the effect's
+  mean is over."""
+  points = []
+  for label, table in tables:
+    for cell, effect in table.get('coulomb_effect', {}).items():
+      if not effect['seeds']:
+        continue
+      key = tuple(int(x) for x in cell.split('/'))
+      accuracy = []
+      for method, lr in zip(effect['methods'], effect['learning_rates']):
+        group = [r for r in table['runs'] if r['learning_rate'] == lr and
+                 (r['seq_len'], r['num_pairs'], r['width'], r['method']) == (*key, method)]
+        accuracy.append({r['seed']: r['accuracy'] for r in _chosen(group, table['best'])})
+      first, second = accuracy
+      points.append((label, key, {s: first[s] - second[s] for s in effect['seeds']}, effect))
+  return points
+
+
+def coulomb_figure(points, path: str) -> str:
+  """Whether the Coulomb terms change recall: per results file and cell (``coulomb_points``),
+  the paired difference of every seed (a marker per seed) and their mean with its 95%
+  interval over seeds (black; a bar from two seeds on; the axis stops at ±1.05, a longer
+  bar runs off it); dashed: no change."""
+  plt = plots.pyplot()
+  fig, ax = plt.subplots(figsize=(1.9 * len(points) + 2.5, 3.8))
+  seeds = {}
+  for i, (_, _, diffs, effect) in enumerate(points):
+    for s in sorted(diffs):
+      m = seeds.setdefault(s, len(seeds))
+      ax.plot([i + 0.15], [diffs[s]], linestyle='none', marker='os^dv'[m % 5], color='grey',
+              mfc='none', markersize=5)
+    mean, ci = effect['difference']['mean'], effect['interval_95']
+    yerr = [[mean - ci[0]], [ci[1] - mean]] if ci else None
+    ax.errorbar([i], [mean], yerr=yerr, color='black', marker='D', markersize=5, capsize=3)
+  ax.axhline(0.0, color='grey', linewidth=0.8, linestyle='--')
+  ticks = []
+  for label, (seq_len, pairs, width), _, _ in points:
+    where, _, source = label.partition(' (')          # 'cpu, 3000 steps', 'file.json)'
+    ticks.append(f'L = {seq_len}, {pairs} pairs, width {width}\n{where}\n({source}')
+  ax.set_xticks(range(len(points)))
+  ax.set_xticklabels(ticks, fontsize=6)
+  ax.set_xlim(-0.5, len(points) - 0.5)
+  ax.set_ylim(-1.05, 1.05)
+  first, second = points[0][3]['methods']
+  ax.set_ylabel(f'test accuracy, {first} − {second}\n(paired by seed)', fontsize=8)
+  ax.set_title('The Coulomb terms (repulsion and noise) against plain gradient flow', fontsize=9)
+  handles = ([Line2D([], [], color='black', marker='D', label='mean, 95% interval')]
+             + [Line2D([], [], color='grey', linestyle='none', marker='os^dv'[m % 5],
+                       mfc='none', label=f'seed {s}') for s, m in seeds.items()])
+  ax.legend(handles=handles, fontsize=6, loc='center left', bbox_to_anchor=(1.0, 0.5))
+  fig.tight_layout()
+  return plots.save(fig, path)
+
+
 def Line2D(*args, **kwargs):  # pylint: disable=invalid-name
   """A legend handle (matplotlib imported only when a figure is drawn)."""
   from matplotlib import lines  # pylint: disable=g-import-not-at-top
@@ -274,7 +343,8 @@ def table_lines(tables) -> list:
 def write(results_files: Sequence[str], page: str, figure_path: str = FIGURE) -> None:
   """The block ``mqar_zoology`` of ``page`` and its figures (``figure_path`` and, beside
   it, ``state_figure_path(figure_path)``; ``curve_figure_path(figure_path)`` where a run
-  kept its validation curve) from ``results_files``. A file with no finished run yet (a
+  kept its validation curve; ``coulomb_figure_path(figure_path)`` where a file has the
+  Coulomb pair at a cell) from ``results_files``. A file with no finished run yet (a
   grid whose first runs are its pilots) is left out, so the page is the same with or
   without it."""
   tables = [(_label(p, t), t) for p, t in ((p, _load(p)) for p in results_files)
@@ -292,5 +362,9 @@ def write(results_files: Sequence[str], page: str, figure_path: str = FIGURE) ->
   if panels:
     curve_path = curve_figure(panels, curve_figure_path(figure_path))
     images += [f'![validation accuracy against the step]({rel(curve_path)})', '']
+  points = coulomb_points(tables)
+  if points:
+    coulomb_path = coulomb_figure(points, coulomb_figure_path(figure_path))
+    images += [f'![the Coulomb terms, paired by seed]({rel(coulomb_path)})', '']
   begin, end = page_lib.markers(BLOCK)
   page_block.write_block(page, begin, end, images + table_lines(tables))

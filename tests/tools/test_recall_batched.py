@@ -337,3 +337,27 @@ def test_a_bad_page_or_figure_changes_no_file(tmp_path, grid):
   assert 'does not exist; nothing was written' in done.stderr.strip().splitlines()[-1]
   assert [open(p, 'rb').read() for p in committed] == before
   assert not os.path.exists(tmp_path / 'r.json')
+
+
+def test_the_coulomb_figure_shows_each_seeds_paired_difference_and_the_interval(tmp_path):
+  # From the committed (128, 8) file at 4x the steps: one point per seed, the difference of
+  # the pair's test accuracies at their chosen rate; their mean is the effect's mean.
+  from experiments.recall import zoology_page  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(ROOT, 'results', 'mqar_zoology_long_l128.json')) as f:
+    table = json.load(f)
+  points = zoology_page.coulomb_points([('cpu, 12000 steps (l128.json)', table)])
+  assert [(label, cell) for label, cell, _, _ in points] == [
+      ('cpu, 12000 steps (l128.json)', (128, 8, 64))]
+  _, _, diffs, effect = points[0]
+  accuracy = {(r['method'], r['seed']): r['accuracy'] for r in table['runs']}
+  assert sorted(diffs) == effect['seeds'] and len(diffs) >= 3
+  for seed, d in diffs.items():
+    assert d == accuracy[('particles_softmax', seed)] - accuracy[('particles_flow', seed)]
+  assert np.mean(list(diffs.values())) == pytest.approx(effect['difference']['mean'])
+  # A file without the pair (the GPU grid's) adds no point; the figure is drawn beside the
+  # rate figure.
+  assert zoology_page.coulomb_points([('gpu', dict(table, coulomb_effect={}))]) == []
+  path = zoology_page.coulomb_figure(points, zoology_page.coulomb_figure_path(
+      str(tmp_path / 'recall_zoology_accuracy_vs_rate.png')))
+  assert path.endswith('recall_zoology_coulomb_pair.png') and os.path.getsize(path) > 0
+  assert zoology_page.coulomb_figure_path('f/recall.png') == 'f/recall_coulomb_pair.png'
