@@ -3,8 +3,9 @@ r"""One MQAR run: check the config, train (resuming from the last checkpoint), e
 ``train_and_evaluate(config, workdir)`` writes into ``workdir``:
 
 * ``config.json``: the run's config; a workdir holding another config is refused;
-* ``checkpoint.msgpack``: ``{step, seconds, state, valid_curve, segments}`` every ``train.checkpoint_every`` steps,
-  written to a temporary file and renamed (a killed run loses at most that many steps);
+* ``checkpoint.msgpack``: ``{step, seconds, state, valid_curve, segments}`` every
+  ``train.checkpoint_every`` steps, written to a temporary file and renamed (a killed run
+  loses at most that many steps);
 * ``result.json``: the binding row of ``results/mqar.json`` (seq_len, num_pairs, width,
   method, num_features, seed, accuracy, train_seconds) plus loss, steps, vocab, num_train
   and provenance, and for the kernel methods the particles' diversity at initialisation and
@@ -12,9 +13,10 @@ r"""One MQAR run: check the config, train (resuming from the last checkpoint), e
   ``{step, accuracy, loss}`` on the validation batch at every ``train.eval_every`` steps
   (kept in the checkpoint; a run resumed from a checkpoint older than the curve has it
   from the resume on); ``segments``, one ``{commit, date, from_step}`` per stretch of
-  training (the first run, then each resume: ``segment``; kept in the checkpoint, from the
-  resume on for a checkpoint older than them), where ``commit`` and ``date`` are those of
-  the process that finished it. A finished run is not trained again.
+  training (the first start, then each resume: ``segment``; kept in the checkpoint, from
+  the resume on for a checkpoint older than them), while the row's own ``commit`` and
+  ``date`` stay those of the process that finished the run. A finished run is not trained
+  again.
 
 Training batches: with ``data.train_examples = 0`` step t draws
 ``mqar_batch(fold_in(k_train, t), batch_size, ...)``, so every step sees fresh sequences and
