@@ -314,7 +314,8 @@ def coulomb_effect(rows: List[dict], best: dict) -> dict:
   At each method's own chosen rate (and η), over the seeds s both have run there:
   d_s = acc(particles_softmax, s) − acc(particles_flow, s); ``difference`` is
   ``{mean, std (ddof 1), n}`` of d and ``interval_95`` d̄ ± t_{0.975, n−1}·std/√n
-  (``intervals.seed_interval``; None below two seeds). ``seed0_by_rate``: the same
+  (``intervals.seed_interval``; None below two seeds); ``by_seed`` is ``{"s": d_s}`` (the
+  points the mean is over, drawn by ``zoology_page.coulomb_figure``). ``seed0_by_rate``: the same
   difference at seed 0 at every rate both have run (each at its chosen η), the rate's
   window side by side. ``by_rate``: at every rate both have run at two or more common
   seeds, ``{seeds, difference, interval_95}`` as above (a rate fixed in advance, e.g. the
@@ -363,8 +364,8 @@ def coulomb_effect(rows: List[dict], best: dict) -> dict:
     out[cell] = {
         'methods': list(COULOMB_PAIR),
         'learning_rates': [best[f'{cell}/{n}']['learning_rate'] for n in COULOMB_PAIR],
-        'seeds': seeds, 'difference': summary,
-        'interval_95': intervals.seed_interval(summary),
+        'seeds': seeds, 'by_seed': {str(s): v for s, v in zip(seeds, d)},
+        'difference': summary, 'interval_95': intervals.seed_interval(summary),
         'seed0_by_rate': {f'{lr:g}': v[first] - v[second]
                           for lr, v in sorted(by_rate.items()) if len(v) == 2},
         'by_rate': at_rate,

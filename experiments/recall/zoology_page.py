@@ -212,21 +212,14 @@ def curve_figure(panels, path: str) -> str:
 def coulomb_points(tables) -> list:
   """``[(label, (seq_len, num_pairs, width), {seed: difference}, effect)]``: per results
   file and cell with a ``coulomb_effect`` of one seed or more, the paired differences
-  (first method − second) at each method's chosen rate and η, the seeds the effect's
-  mean is over."""
+  (first method − second) at each method's chosen rate and η, as ``zoology.coulomb_effect``
+  chose them (its ``by_seed``: the seeds its mean is over)."""
   points = []
   for label, table in tables:
     for cell, effect in table.get('coulomb_effect', {}).items():
-      if not effect['seeds']:
-        continue
-      key = tuple(int(x) for x in cell.split('/'))
-      accuracy = []
-      for method, lr in zip(effect['methods'], effect['learning_rates']):
-        group = [r for r in table['runs'] if r['learning_rate'] == lr and
-                 (r['seq_len'], r['num_pairs'], r['width'], r['method']) == (*key, method)]
-        accuracy.append({r['seed']: r['accuracy'] for r in _chosen(group, table['best'])})
-      first, second = accuracy
-      points.append((label, key, {s: first[s] - second[s] for s in effect['seeds']}, effect))
+      if effect['seeds']:
+        points.append((label, tuple(int(x) for x in cell.split('/')),
+                       {int(s): d for s, d in effect['by_seed'].items()}, effect))
   return points
 
 

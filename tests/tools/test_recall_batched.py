@@ -148,6 +148,7 @@ def test_the_coulomb_effect_pairs_the_two_particle_methods_by_seed_at_their_best
   assert e['learning_rates'] == [1e-3, 1e-2] and e['seeds'] == [0, 1, 2]
   d = np.array([0.50 - 0.40, 0.60 - 0.40, 0.70 - 0.55])
   half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
+  assert e['by_seed'] == pytest.approx({'0': d[0], '1': d[1], '2': d[2]})
   assert e['difference']['mean'] == pytest.approx(d.mean())
   assert e['difference']['std'] == pytest.approx(d.std(ddof=1))
   assert e['interval_95'] == pytest.approx([d.mean() - half, d.mean() + half])
