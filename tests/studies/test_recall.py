@@ -506,7 +506,7 @@ def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first_then_the_pai
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
   pilots = [n for n, _ in planned if n.startswith('pilot/')]
   assert pilots == [f'pilot/particles_softmax-L128-P8-w64-eta{eta}'
-                    for eta in ('1e-03', '3e-03', '1e-02')] and waiting == 2 + 8
+                    for eta in ('1e-03', '3e-03', '1e-02')] and waiting == 2 + 8 + 6
   for name in pilots:                             # every pilot done: η = 1e-2 chosen
     _finished(tmp_path, name, 0.3 if 'eta1e-02' in name else 0.2)
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
@@ -517,14 +517,27 @@ def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first_then_the_pai
   # and 4 too, added after seeds 0-2 disagreed)
   assert runs == [(m, 128, 8, 2.154e-3, 0, 1e-2 if m.startswith('particles') else None)
                   for m in ('particles_softmax', 'hedgehog', 'particles_flow',
-                            'hedgehog_distilled', 'taylor', 'elu')] and waiting == 8
+                            'hedgehog_distilled', 'taylor', 'elu')] and waiting == 8 + 6
   for method in zoology.COULOMB_PAIR:
     name = zoology.zoology_name(method, 128, 8, 64, 2.154e-3, 0)
     _finished(tmp_path, name, 0.5)
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
-  assert waiting == 0 and [n for n, _ in planned][3:11] == [
+  pair_seeds = [zoology.zoology_name(m, 128, 8, 64, 2.154e-3, s)
+                for s in (1, 2, 3, 4) for m in zoology.COULOMB_PAIR]
+  assert waiting == 6 and [n for n, _ in planned][3:11] == pair_seeds
+  # Seeds 1 and 2 of the three maps that ended ahead at seed 0 (extra_seeds): each waits on
+  # its own seed-0 run, then goes right after the pair's seeds, ahead of any seed-0 run.
+  assert l128['extra_seeds'] == {'methods': ('hedgehog_distilled', 'hedgehog', 'taylor'),
+                                 'seeds': (1, 2), 'learning_rate': 2.154e-3}
+  for method in ('hedgehog_distilled', 'hedgehog', 'taylor'):
+    _finished(tmp_path, zoology.zoology_name(method, 128, 8, 64, 2.154e-3, 0), 0.8)
+  planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
+  assert waiting == 0 and [n for n, _ in planned][3:17] == pair_seeds + [
       zoology.zoology_name(m, 128, 8, 64, 2.154e-3, s)
-      for s in (1, 2, 3, 4) for m in zoology.COULOMB_PAIR]
+      for m in ('hedgehog_distilled', 'hedgehog', 'taylor') for s in (1, 2)]
+  assert [o for n, o in planned if n.endswith('seed1') and 'taylor' in n] == [
+      {'data.seq_len': 128, 'data.num_pairs': 8, 'model.width': 64, 'method': 'taylor',
+       'seed': 1, 'train.learning_rate': 2.154e-3}]
 
 
 def test_a_grid_refuses_langevin_rows_of_another_particle_schedule():
