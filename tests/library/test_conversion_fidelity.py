@@ -54,6 +54,7 @@ def _brute(omegas, feature_map, recorded):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('method', ['particles', 'hedgehog'])
 def test_heldout_fidelity_is_the_per_head_kl_and_output_error(method):
   model = _Softmax()

@@ -48,6 +48,7 @@ _SETUPS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('method', sorted(_SETUPS))
 def test_the_fit_is_the_lms_mimicry_step_with_every_other_weight_frozen(method):
   kwargs, feature_map, particle_tx, settings = _SETUPS[method]
@@ -95,6 +96,7 @@ def test_hedgehog_is_adam_with_the_map_hedgehog_bit_for_bit():
       jax.random.key(4), 2, 8, 8, method='hedgehog'))
 
 
+@pytest.mark.slow
 def test_the_fit_of_a_later_layer_sees_the_features_fitted_below_it():
   model = _model(orthogonal=True)
   params = training.lm.make_state(jax.random.key(0), model, LENGTH).params

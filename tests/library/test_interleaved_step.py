@@ -24,6 +24,7 @@ def _batches(n):
                           num_pairs=PAIRS) for t in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('with_task_gradient', [False, True])
 def test_on_the_causal_lm_it_is_the_lms_own_step_bit_for_bit(with_task_gradient):
   model = lm.CausalLM(vocab_size=VOCAB, width=16, num_heads=2, num_layers=2, max_len=SEQ,
@@ -59,6 +60,7 @@ class _Classifier(nn.Module):
     return nn.Dense(VOCAB)(nn.LayerNorm()(x))
 
 
+@pytest.mark.slow
 def test_on_a_users_model_the_particles_feel_the_force_and_the_rest_the_task():
   model = _Classifier()
   batch = _batches(1)[0]

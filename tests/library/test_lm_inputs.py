@@ -145,6 +145,7 @@ def test_jitted_lm_bad_token_at_answer_positions_only():
   np.testing.assert_array_equal(got[1], good[1])
 
 
+@pytest.mark.slow
 def test_jitted_train_step_with_a_bad_token_after_the_answers_keeps_a_finite_loss():
   model, _ = _model('kernel')
   state = training.lm.make_state(jax.random.key(0), model, L)
@@ -177,6 +178,7 @@ def test_flax_bound_apply_knows_its_model():
   assert state.apply_fn.__self__ is model
 
 
+@pytest.mark.slow
 def test_train_step_refuses_another_feature_map_than_the_models():
   _, state, batch, settings = _mimicry_state()
   _raises(ValueError, FEATURE_MAP_ERROR, training.lm.train_step, state, batch, settings, 'elu')

@@ -116,6 +116,7 @@ def test_phase_b_with_a_users_loss_trains_everything_but_the_particles():
   assert 'block_0/MultiHeadDotProductAttention_0/query/kernel' in changed
 
 
+@pytest.mark.slow
 def test_mistakes_are_one_line_naming_the_argument():
   model, params, batch = _setup()
   opt = training.phase_a_optimizer(jax.random.key(2), step_size=1e-2, beta=float('inf'),

@@ -64,6 +64,7 @@ def _files(folder):
                 for d, _, names in os.walk(folder) for f in names)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(PAGES))
 def test_the_page_and_its_figures_regenerate_from_the_committed_results(tmp_path, name):
   module, _, page, results, figures, _ = PAGES[name]

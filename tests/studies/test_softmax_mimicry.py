@@ -320,6 +320,7 @@ def test_a_fit_that_turns_non_finite_stops_naming_method_group_and_field(method)
   assert str(e.value).endswith(f'Lower config.fit.{fit.STEP_FIELD[method]}.')
 
 
+@pytest.mark.slow
 def test_the_pilot_never_chooses_a_candidate_that_diverged(tmp_path, monkeypatch):
   from studies.softmax_mimicry import study  # pylint: disable=g-import-not-at-top
   enc, _, _ = _softmax_encoder()

@@ -112,6 +112,7 @@ def test_jitted_phase_a_step_counts_a_nan_particle_and_the_gradients_it_reaches(
   assert np.isnan(m['hamiltonian']) and np.isnan(m['max_move'])
 
 
+@pytest.mark.slow
 def test_jitted_layer_step_counts_only_its_layer():
   model, batch, params, _, _ = _phase_a()
   path = ('attention_1',)

@@ -85,6 +85,7 @@ def test_a_missing_record_is_one_line_naming_out(tmp_path):
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_measured_page_is_the_page_of_its_own_record(tmp_path):
   # A tiny measuring run: its page equals --page_from_results of the JSON it wrote, so the
   # command string the record keeps and the page's reading of it cannot drift apart.
