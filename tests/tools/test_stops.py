@@ -143,7 +143,9 @@ def _state(step):
 @pytest.fixture
 def signal_in_save(monkeypatch):
   """Makes orbax's finalisation of a save (tmp folder → step folder) send ``signum`` to
-  this process first, while the step is still a temporary folder."""
+  this process first, while the step is still a temporary folder. SIGINT has Python's own
+  handler meanwhile, as in a terminal, even where pytest was started with SIGINT ignored
+  (a background job of a non-interactive shell); the earlier handler is put back after."""
   from orbax.checkpoint._src.path import atomicity  # pylint: disable=g-import-not-at-top
   original = atomicity.AtomicRenameTemporaryPath.finalize
   sent = []
@@ -157,7 +159,11 @@ def signal_in_save(monkeypatch):
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, 'finalize', finalize)
     return sent
 
-  return arm
+  earlier = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    yield arm
+  finally:
+    signal.signal(signal.SIGINT, earlier)
 
 
 def test_a_stop_during_a_checkpoint_save_waits_for_the_save(tmp_path, signal_in_save):
