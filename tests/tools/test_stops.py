@@ -160,10 +160,8 @@ def signal_in_save(monkeypatch):
     return sent
 
   earlier = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
-    yield arm
-  finally:
-    signal.signal(signal.SIGINT, earlier)
+  yield arm                              # pytest runs the rest at teardown, pass or fail
+  signal.signal(signal.SIGINT, earlier)
 
 
 def test_a_stop_during_a_checkpoint_save_waits_for_the_save(tmp_path, signal_in_save):
