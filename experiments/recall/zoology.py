@@ -38,8 +38,8 @@ ZOOLOGY = {
     'pilot_learning_rate': 2.154e-3,
     'pilot_steps': 1000,
     # Runs at the sweep cells of these methods go after every other run: the GPU grid ran
-    # them at every rate and seed of both sweep cells (results/mqar_zoology_gpu.json; 29 CPU
-    # twins agreed, docs/recall.md), so on this CPU they add least. The methods it did not
+    # them at every rate and seed of both sweep cells (results/mqar_zoology_gpu.json; their CPU
+    # twins agree, docs/recall.md), so on this CPU they add least. The methods it did not
     # run (the Coulomb pair, the distilled Hedgehog) come first, with their (256, 16) runs;
     # a deferred method's (256, 16) runs wait on its (128, 8) sweep, so they come last too.
     'deferred': ('hedgehog', 'elu', 'taylor', 'favor_orthogonal', 'softmax'),
