@@ -41,7 +41,8 @@ ZOOLOGY = {
     # them at every rate and seed of both sweep cells (results/mqar_zoology_gpu.json; their CPU
     # twins agree, docs/recall.md), so on this CPU they add least. The methods it did not
     # run (the Coulomb pair, the distilled Hedgehog) come first, with their (256, 16) runs;
-    # a deferred method's (256, 16) runs wait on its (128, 8) sweep, so they come last too.
+    # a deferred method's (256, 16) runs wait on its (128, 8) sweep, then go ahead of the
+    # deferred runs still left.
     'deferred': ('hedgehog', 'elu', 'taylor', 'favor_orthogonal', 'softmax'),
 }
 
