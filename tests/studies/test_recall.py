@@ -393,14 +393,18 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
             'pilot/particles_softmax-L64-P4-w64-eta3e-03',
             'pilot/particles_softmax-L64-P4-w64-eta1e-02']
   # waiting on the pilots: the Langevin pair's two rates and its two fixed-rate seeds; on
-  # their own seed-0 runs, the ladder's two middle steps' seeds 1 and 2
-  assert [n for n, _ in planned][:3] == pilots and waiting == 2 * 2 + 2 * 2 + 2 * 2
+  # their own seed-0 runs, seeds 1 and 2 of each extra_seeds method (the ladder's two
+  # middle steps, then the four maps run at seed 0 alone)
+  assert len(long_grid['extra_seeds']['methods']) == 6
+  assert [n for n, _ in planned][:3] == pilots and waiting == 2 * 2 + 2 * 2 + 6 * 2
   for name in pilots:                         # every pilot done: η = 3e-3 chosen
     _finished(tmp_path, name, 0.3 if 'eta3e-03' in name else 0.2)
   planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
   runs = [o for n, o in planned if not n.startswith('pilot/')]
-  # The pair's seeds 1 and 2 at the fixed rate wait on both seed-0 runs there.
-  assert waiting == 2 * 2 + 2 * 2 and len(runs) == len(long_grid['methods']) * 2
+  # The pair's seeds 1 and 2 at the fixed rate wait on both seed-0 runs there, and so do
+  # the extra seeds of each extra_seeds method on its own seed-0 run.
+  extra = long_grid['extra_seeds']['methods']
+  assert waiting == 2 * 2 + 2 * len(extra) and len(runs) == len(long_grid['methods']) * 2
   assert {(o['data.seq_len'], o['data.num_pairs'], o['seed']) for o in runs} == {(64, 4, 0)}
   assert {o['train.learning_rate'] for o in runs} == {2.154e-3, 1e-2}
   # rates_first: every method at 2.15e-3, in the grid's method order, before any at 1e-2.
@@ -414,8 +418,9 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
                                                         overrides), 'cpu', grid=long_grid)
   assert protocol['steps'] == 12000 and protocol['learning_rates'] == [2.154e-3, 1e-2]
   assert protocol['coulomb_seeds'] == {'seeds': [1, 2], 'learning_rate': 2.154e-3}
-  assert protocol['extra_seeds'] == {'methods': ['favor_mimicry', 'hedgehog_mimicry'],
-                                     'seeds': [1, 2], 'learning_rate': 2.154e-3}
+  assert protocol['extra_seeds'] == {
+      'methods': ['favor_mimicry', 'hedgehog_mimicry', 'hedgehog_distilled', 'taylor',
+                  'hedgehog', 'elu'], 'seeds': [1, 2], 'learning_rate': 2.154e-3}
   # Both seed-0 runs of the pair at 2.15e-3 done: seeds 1 and 2 of the pair there, at the
   # pilot's η, right after the pilots, each run planned once.
   for method in zoology.COULOMB_PAIR:
@@ -423,7 +428,7 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
     _finished(tmp_path, name, 0.5)
   planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
   names = [n for n, _ in planned]
-  assert waiting == 2 * 2 and len(names) == len(set(names)) == 3 + 4 + len(runs)
+  assert waiting == 2 * len(extra) and len(names) == len(set(names)) == 3 + 4 + len(runs)
   assert names[3:7] == [zoology.zoology_name(m, 64, 4, 64, 2.154e-3, s)
                         for s in (1, 2) for m in zoology.COULOMB_PAIR]
   fixed = [o for _, o in planned[3:7]]
@@ -433,11 +438,18 @@ def test_the_long_cpu_grid_is_one_cell_two_rates_seed_zero_at_four_times_the_ste
   # right after the pair's, ahead of every run at 1e-2; hedgehog_mimicry's still wait.
   _finished(tmp_path, zoology.zoology_name('favor_mimicry', 64, 4, 64, 2.154e-3, 0), 0.8)
   planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
-  assert waiting == 2 and [n for n, _ in planned][7:9] == [
+  assert waiting == 2 * (len(extra) - 1) and [n for n, _ in planned][7:9] == [
       zoology.zoology_name('favor_mimicry', 64, 4, 64, 2.154e-3, s) for s in (1, 2)]
   assert [(o['method'], o['seed'], o['train.learning_rate']) for _, o in planned[7:9]] == [
       ('favor_mimicry', s, 2.154e-3) for s in (1, 2)]
   assert 'particles.step_size' not in planned[7][1]
+  # elu's seed 0 done too: its seeds follow favor_mimicry's, in extra_seeds' method order.
+  assert extra[-1] == 'elu'
+  _finished(tmp_path, zoology.zoology_name('elu', 64, 4, 64, 2.154e-3, 0), 0.2)
+  planned, waiting = zoology.zoology_plan(str(tmp_path), long_grid)
+  assert waiting == 2 * (len(extra) - 2) and [n for n, _ in planned][7:11] == [
+      zoology.zoology_name(m, 64, 4, 64, 2.154e-3, s)
+      for m in ('favor_mimicry', 'elu') for s in (1, 2)]
   for bad, match in (({'learning_rate': 3e-3}, r'^extra_seeds learning_rate 0\.003 is not'),
                      ({'methods': ('softmax',)}, r"^extra_seeds methods \['softmax'\] are not")):
     with pytest.raises(ValueError, match=match):
@@ -506,7 +518,7 @@ def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first_then_the_pai
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
   pilots = [n for n, _ in planned if n.startswith('pilot/')]
   assert pilots == [f'pilot/particles_softmax-L128-P8-w64-eta{eta}'
-                    for eta in ('1e-03', '3e-03', '1e-02')] and waiting == 2 + 8 + 6
+                    for eta in ('1e-03', '3e-03', '1e-02')] and waiting == 2 + 8 + 8
   for name in pilots:                             # every pilot done: η = 1e-2 chosen
     _finished(tmp_path, name, 0.3 if 'eta1e-02' in name else 0.2)
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
@@ -517,24 +529,30 @@ def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first_then_the_pai
   # and 4 too, added after seeds 0-2 disagreed)
   assert runs == [(m, 128, 8, 2.154e-3, 0, 1e-2 if m.startswith('particles') else None)
                   for m in ('particles_softmax', 'hedgehog', 'particles_flow',
-                            'hedgehog_distilled', 'taylor', 'elu')] and waiting == 8 + 6
+                            'hedgehog_distilled', 'taylor', 'elu')] and waiting == 8 + 8
   for method in zoology.COULOMB_PAIR:
     name = zoology.zoology_name(method, 128, 8, 64, 2.154e-3, 0)
     _finished(tmp_path, name, 0.5)
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
   pair_seeds = [zoology.zoology_name(m, 128, 8, 64, 2.154e-3, s)
                 for s in (1, 2, 3, 4) for m in zoology.COULOMB_PAIR]
-  assert waiting == 6 and [n for n, _ in planned][3:11] == pair_seeds
+  assert waiting == 8 and [n for n, _ in planned][3:11] == pair_seeds
   # Seeds 1 and 2 of the three maps that ended ahead at seed 0 (extra_seeds): each waits on
   # its own seed-0 run, then goes right after the pair's seeds, ahead of any seed-0 run.
-  assert l128['extra_seeds'] == {'methods': ('hedgehog_distilled', 'hedgehog', 'taylor'),
+  # (elu's, added last, wait on its seed-0 run, the last of the grid's order.)
+  assert l128['extra_seeds'] == {'methods': ('hedgehog_distilled', 'hedgehog', 'taylor',
+                                             'elu'),
                                  'seeds': (1, 2), 'learning_rate': 2.154e-3}
   for method in ('hedgehog_distilled', 'hedgehog', 'taylor'):
     _finished(tmp_path, zoology.zoology_name(method, 128, 8, 64, 2.154e-3, 0), 0.8)
   planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
-  assert waiting == 0 and [n for n, _ in planned][3:17] == pair_seeds + [
+  assert waiting == 2 and [n for n, _ in planned][3:17] == pair_seeds + [
       zoology.zoology_name(m, 128, 8, 64, 2.154e-3, s)
       for m in ('hedgehog_distilled', 'hedgehog', 'taylor') for s in (1, 2)]
+  _finished(tmp_path, zoology.zoology_name('elu', 128, 8, 64, 2.154e-3, 0), 0.9)
+  planned, waiting = zoology.zoology_plan(str(tmp_path), l128)
+  assert waiting == 0 and [n for n, _ in planned][17:19] == [
+      zoology.zoology_name('elu', 128, 8, 64, 2.154e-3, s) for s in (1, 2)]
   assert [o for n, o in planned if n.endswith('seed1') and 'taylor' in n] == [
       {'data.seq_len': 128, 'data.num_pairs': 8, 'model.width': 64, 'method': 'taylor',
        'seed': 1, 'train.learning_rate': 2.154e-3}]
