@@ -56,9 +56,11 @@ RUNS_DIR = 'results/runs/mqar_zoology'
 ZOOLOGY_RESULTS = ['results/mqar_zoology.json', 'results/mqar_zoology_gpu.json',
                    'results/mqar_zoology_long.json', 'results/mqar_zoology_gpu_long.json',
                    'results/mqar_zoology_long_annealed.json',
-                   'results/mqar_zoology_long_l128.json']
+                   'results/mqar_zoology_long_l128.json', 'results/mqar_zoology_long_eta1e-2.json',
+                   'results/mqar_zoology_long_annealed_eta3e-3.json']
 """The zoology grids' results files the page shows, where they exist (CPU, GPU, CPU long,
-GPU long, CPU long with the particles' step annealed, CPU long at (128, 8))."""
+GPU long, CPU long with the particles' step annealed, CPU long at (128, 8), CPU long at a
+fixed η of 1e-2 with the constant step and of 3e-3 annealed)."""
 
 
 def _run_key(row: dict) -> tuple:
@@ -123,12 +125,13 @@ def run_grid(config, name: str, root: str, results: str, log=run_lib.log_line) -
 
 
 def check_budget(runs, pilots, steps: int, pilot_steps, flag: str, source: str,
-                 schedule: str = 'constant') -> None:
+                 schedule: str = 'constant', step_size=None) -> None:
   """One ``cli.ConfigError`` naming ``flag`` when a row of ``runs`` (read from ``source``) was
   trained for other than ``steps`` steps, or a pilot for other than ``pilot_steps``, or a
   Langevin row with another particle ``schedule`` (a row without one: 'constant', the only
-  one before the field): two grids of one protocol at two budgets or schedules share run
-  names, so never a folder or a results file."""
+  one before the field), or, where the grid fixes η (``step_size``), a Langevin row or a
+  pilot at another η: two grids of one protocol at two budgets, schedules or step sizes
+  share run names, so never a folder or a results file."""
   for rows, want in ((runs, steps), (pilots, pilot_steps)):
     for r in rows:
       if r.get('steps') != want:
@@ -142,6 +145,15 @@ def check_budget(runs, pilots, steps: int, pilot_steps, flag: str, source: str,
             f'{flag}: {source} holds {zoology.zoology_row_name(r)} with the particles\' '
             f'{theirs!r} schedule, this grid runs {schedule!r}: another schedule\'s runs '
             f'(give this grid its own {flag}). Nothing was run or written.')
+      theirs = r.get('particle_step_size')
+      if step_size is None or r.get('method') not in methods.LANGEVIN_METHODS:
+        continue
+      if rows is pilots or theirs != step_size:
+        what = ('a pilot, where this grid runs none' if rows is pilots else
+                f'at the particles\' step {theirs!r}, where this grid runs {step_size!r}')
+        raise cli.ConfigError(
+            f'{flag}: {source} holds {zoology.zoology_row_name(r)} {what}: another grid\'s '
+            f'runs (give this grid its own {flag}). Nothing was run or written.')
 
 
 def read_zoology_file(path: str):
@@ -163,12 +175,13 @@ def check_sources(config, root: str, results: str, grid=None) -> None:
   (``grid``: the grid's plan, for its pilots' steps), before a grid restores, runs or
   writes anything."""
   pilot_steps = (grid or zoology.ZOOLOGY).get('pilot_steps')
+  step_size = (grid or zoology.ZOOLOGY).get('step_size')
   schedule = config.particles.schedule
   check_budget(*zoology.zoology_rows(root), config.train.steps, pilot_steps, '--workdir',
-               root, schedule)
+               root, schedule, step_size)
   if os.path.exists(results):
     check_budget(*read_zoology_file(results)[:2], config.train.steps, pilot_steps,
-                 '--results', results, schedule)
+                 '--results', results, schedule, step_size)
 
 
 def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_line,

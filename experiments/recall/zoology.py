@@ -37,6 +37,8 @@ ZOOLOGY = {
     'pilot_step_sizes': (1e-3, 3e-3, 1e-2),
     'pilot_learning_rate': 2.154e-3,
     'pilot_steps': 1000,
+    # η fixed in advance for every cell instead (no pilot run); None: the pilot picks it.
+    'step_size': None,
     # Runs at the sweep cells of these methods go after every other run: the GPU grid ran
     # them at every rate and seed of both sweep cells (results/mqar_zoology_gpu.json; their CPU
     # twins agree, docs/recall.md), so on this CPU they add least. The methods it did not
@@ -86,6 +88,16 @@ ZOOLOGY_LONG_ANNEALED = dict(
     ZOOLOGY_LONG, methods=COULOMB_PAIR, learning_rates=(2.154e-3,), seeds=(0,),
     coulomb_seeds=(1, 2), coulomb_rate=2.154e-3, extra_seeds=None)
 
+# zoology_long_annealed's lift over zoology_long (the pair at seeds 0-1: 0.435/0.455 and
+# 0.640/0.429 with the constant step, 0.911/0.833 and 0.918/0.894 annealed) changed two
+# things at once: the schedule, and η (its pilot chose 1e-2, zoology_long's 3e-3). These two
+# grids fill the other corners of that 2 x 2, η fixed in advance (``step_size``: no pilot),
+# the rest as in zoology_long_annealed (the pair, 2.15e-3, seed 0 then seeds 1 and 2):
+# the constant step at η = 1e-2, and the annealed step at η = 3e-3. Added after both
+# grids above had run seeds 0 and 1, before either of these ran; reported whatever they give.
+ZOOLOGY_LONG_ETA = dict(ZOOLOGY_LONG_ANNEALED, step_size=1e-2)
+ZOOLOGY_LONG_ANNEALED_ETA = dict(ZOOLOGY_LONG_ANNEALED, step_size=3e-3)
+
 # The same 4x budget at (128, 8), where the particles' lead was first seen (docs/recall.md,
 # the first study: 0.70 at 6,000 steps) and one outside test found Zhang et al.'s Hedgehog
 # at 1/P: does the lead survive Zoology's data and protocol? One rate fixed in advance,
@@ -121,6 +133,11 @@ ZOOLOGY_GRIDS = {
                               'results/mqar_zoology_long_annealed.json'),
     'zoology_long_l128': (ZOOLOGY_LONG_L128, {'train.steps': 12000},
                           'results/mqar_zoology_long_l128.json'),
+    'zoology_long_eta1e-2': (ZOOLOGY_LONG_ETA, {'train.steps': 12000},
+                             'results/mqar_zoology_long_eta1e-2.json'),
+    'zoology_long_annealed_eta3e-3': (ZOOLOGY_LONG_ANNEALED_ETA,
+                                      {'train.steps': 12000, 'particles.schedule': 'cosine'},
+                                      'results/mqar_zoology_long_annealed_eta3e-3.json'),
 }
 
 
@@ -163,9 +180,9 @@ def zoology_plan(root: str, grid: dict = None):
   """``(runnable, waiting)``: the runs whose prerequisites are finished, in order, and how
   many runs still wait on an unfinished one (a pilot, or a cell's sweep).
 
-  Order: the pilots; the later seeds of ``COULOMB_PAIR`` at a sweep cell as soon as both
-  methods' sweeps of that cell are done (the question whether the Coulomb terms change
-  anything needs them paired by seed); where the grid has ``coulomb_seeds``, those seeds of
+  Order: the pilots (none where the grid fixes η: ``step_size``); the later seeds of
+  ``COULOMB_PAIR`` at a sweep cell as soon as both methods' sweeps of that cell are done
+  (the question whether the Coulomb terms change anything needs them paired by seed); where the grid has ``coulomb_seeds``, those seeds of
   the pair at ``coulomb_rate`` as soon as both seed-0 runs at that rate are done; where
   it has ``extra_seeds`` ({methods, seeds, learning_rate}), those seeds of each of those
   methods at that rate as soon as the method's own seed-0 run there is done; each
@@ -175,7 +192,7 @@ def zoology_plan(root: str, grid: dict = None):
   cell, then at (256, 16); last, the sweep cells' runs of the grid's ``deferred`` methods,
   in the same order. A run due twice (at the fixed rate and at a best rate) is listed once.
   The particles' step size is the pilot's choice for the cell (the (256, 16) runs take
-  (128, 8)'s). The best rate of a method is the argmax of ``selection_key`` over its seed-0
+  (128, 8)'s), or the grid's ``step_size``. The best rate of a method is the argmax of ``selection_key`` over its seed-0
   runs (validation batch, never the test batch).
   """
   g = grid or ZOOLOGY
@@ -195,6 +212,9 @@ def zoology_plan(root: str, grid: dict = None):
   runs, waiting = [], 0
   eta = {}
   for seq_len, num_pairs in g['sweep_cells']:
+    if g.get('step_size') is not None:          # η fixed in advance: no pilot
+      eta[(seq_len, num_pairs)] = g['step_size']
+      continue
     rows = []
     for step_size in g['pilot_step_sizes']:
       name = f'pilot/particles_softmax-L{seq_len}-P{num_pairs}-w{w}-eta{step_size:.0e}'
@@ -412,6 +432,11 @@ def zoology_protocol(config, where: str, batched: bool = False, grid: dict = Non
     e = grid['extra_seeds']
     protocol['extra_seeds'] = {'methods': list(e['methods']), 'seeds': list(e['seeds']),
                                'learning_rate': e['learning_rate']}
+  if grid.get('step_size') is not None:            # η fixed in advance: no pilot
+    particles = protocol['particles']
+    for k in ('pilot_step_sizes', 'pilot_learning_rate', 'pilot_steps'):
+      del particles[k]
+    particles['step_size'] = grid['step_size']
   if batched:
     particles = protocol['particles']
     for k in ('pilot_step_sizes', 'pilot_learning_rate', 'pilot_steps'):

@@ -297,12 +297,15 @@ def table_lines(tables) -> list:
   for label, table in tables:
     p = table['protocol']
     annealed = p.get('particles', {}).get('schedule', 'constant') != 'constant'
+    fixed = p.get('particles', {}).get('step_size')
     lines += [f'**{label}**: vocabulary {p["vocab"]}, {p["train_examples"]} training '
               f'sequences, {p["steps"]} steps of batch {p["batch"]}, {p["schedule"]} '
               f'schedule, early stop at {p["early_stop"]}; learning rates '
               f'{", ".join(f"{x:g}" for x in p["learning_rates"])}'
               + (f'; the particles\' Langevin step η follows a {p["particles"]["schedule"]} '
-                 'schedule too' if annealed else '') + '.', '',
+                 'schedule too' if annealed else '')
+              + (f'; η fixed at {fixed:g} in advance (no pilot)' if fixed is not None else '')
+              + '.', '',
               '| L | pairs | width | method | state size | rate (η) | accuracy mean ± std (n) '
               '| 1/P | rates tried |', '|---|---|---|---|---|---|---|---|---|']
     state = {(r['seq_len'], r['width'], r['method']): r['state_size'] for r in table['runs']}

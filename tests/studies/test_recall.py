@@ -509,6 +509,48 @@ def test_the_annealed_grid_is_the_coulomb_pair_at_one_rate_with_a_cosine_step(tm
   assert line.endswith("the particles' Langevin step η follows a cosine schedule too.")
 
 
+@pytest.mark.parametrize('name,step_size,schedule', [
+    ('zoology_long_eta1e-2', 1e-2, 'constant'), ('zoology_long_annealed_eta3e-3', 3e-3, 'cosine')])
+def test_the_fixed_eta_grids_are_the_annealed_pair_with_eta_given_and_no_pilot(
+    tmp_path, name, step_size, schedule):
+  # The other two corners of (schedule) x (eta): no pilot, the pair at seed 0 at once, at
+  # the grid's eta; seeds 1 and 2 wait on both seed-0 runs.
+  fixed, overrides, results = zoology.ZOOLOGY_GRIDS[name]
+  assert fixed['step_size'] == step_size and results in mqar_cmd.ZOOLOGY_RESULTS
+  assert results == f'results/mqar_{name}.json'
+  config = grid.apply_overrides(mqar_config.get_config('zoology'), overrides)
+  assert config.train.steps == 12000 and config.particles.schedule == schedule
+  planned, waiting = zoology.zoology_plan(str(tmp_path), fixed)
+  assert [(o['method'], o['seed'], o['train.learning_rate'], o['particles.step_size'])
+          for _, o in planned] == [(m, 0, 2.154e-3, step_size) for m in zoology.COULOMB_PAIR]
+  assert waiting == 4
+  for n, _ in planned:
+    _finished(tmp_path, n, 0.5)
+  planned, waiting = zoology.zoology_plan(str(tmp_path), fixed)
+  assert [(o['method'], o['seed'], o['particles.step_size']) for _, o in planned[:4]] == [
+      (m, s, step_size) for s in (1, 2) for m in zoology.COULOMB_PAIR] and waiting == 0
+  protocol = zoology.zoology_protocol(config, 'cpu', grid=fixed)
+  assert protocol['particles']['step_size'] == step_size
+  assert 'pilot_step_sizes' not in protocol['particles']
+  assert protocol['particles']['schedule'] == schedule
+  from experiments.recall import zoology_page  # pylint: disable=g-import-not-at-top
+  line = zoology_page.table_lines([('x', {'protocol': protocol, 'runs': [], 'best': {}})])[0]
+  assert line.endswith(f'; η fixed at {step_size:g} in advance (no pilot).')
+  # Runs or pilots at another eta (the annealed grid's folder) are refused, naming the flag.
+  row = {'seq_len': 64, 'num_pairs': 4, 'width': 64, 'method': 'particles_flow', 'seed': 0,
+         'learning_rate': 2.154e-3, 'steps': 12000, 'particle_schedule': schedule,
+         'particle_step_size': 5e-3, 'valid_accuracy': 0.2, 'valid_loss': 1.0}
+  pilot = dict(row, method='particles_softmax', steps=1000, particle_step_size=step_size)
+  for runs, pilots, match in (([row], [], r"at the particles' step 0\.005, where this grid "
+                                            rf"runs {step_size!r}"),
+                              ([], [pilot], 'a pilot, where this grid runs none')):
+    with pytest.raises(cli.ConfigError, match=r'^--workdir: .*' + match):
+      mqar_cmd.check_budget(runs, pilots, 12000, 1000, '--workdir', 'w', schedule, step_size)
+  mqar_cmd.check_budget([dict(row, particle_step_size=step_size)], [], 12000, 1000,
+                        '--workdir', 'w', schedule, step_size)
+  mqar_cmd.check_budget([row], [pilot], 12000, 1000, '--workdir', 'w', schedule)  # no fixed η
+
+
 def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first_then_the_pairs_seeds(
     tmp_path):
   l128, overrides, results = zoology.ZOOLOGY_GRIDS['zoology_long_l128']
