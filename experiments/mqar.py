@@ -125,13 +125,14 @@ def run_grid(config, name: str, root: str, results: str, log=run_lib.log_line) -
 
 
 def check_budget(runs, pilots, steps: int, pilot_steps, flag: str, source: str,
-                 schedule: str = 'constant', step_size=None) -> None:
+                 schedule: str = 'constant', step_size=None, piloted: bool = False) -> None:
   """One ``cli.ConfigError`` naming ``flag`` when a row of ``runs`` (read from ``source``) was
   trained for other than ``steps`` steps, or a pilot for other than ``pilot_steps``, or a
   Langevin row with another particle ``schedule`` (a row without one: 'constant', the only
   one before the field), or, where the grid fixes η (``step_size``), a Langevin row or a
-  pilot at another η: two grids of one protocol at two budgets, schedules or step sizes
-  share run names, so never a folder or a results file."""
+  pilot at another η, or, where the grid's pilots choose η (``piloted``), a Langevin row
+  with no pilot beside it (a fixed-η grid's): two grids of one protocol at two budgets,
+  schedules or step sizes share run names, so never a folder or a results file."""
   for rows, want in ((runs, steps), (pilots, pilot_steps)):
     for r in rows:
       if r.get('steps') != want:
@@ -154,6 +155,12 @@ def check_budget(runs, pilots, steps: int, pilot_steps, flag: str, source: str,
         raise cli.ConfigError(
             f'{flag}: {source} holds {zoology.zoology_row_name(r)} {what}: another grid\'s '
             f'runs (give this grid its own {flag}). Nothing was run or written.')
+  langevin = [r for r in runs if r.get('method') in methods.LANGEVIN_METHODS]
+  if piloted and langevin and not pilots:
+    raise cli.ConfigError(
+        f'{flag}: {source} holds {zoology.zoology_row_name(langevin[0])} and no pilot, where '
+        f'this grid\'s pilots choose the particles\' step: a fixed-η grid\'s runs (give this '
+        f'grid its own {flag}). Nothing was run or written.')
 
 
 def read_zoology_file(path: str):
@@ -174,14 +181,15 @@ def check_sources(config, root: str, results: str, grid=None) -> None:
   """``check_budget`` of the finished runs under ``root`` and of those ``results`` holds
   (``grid``: the grid's plan, for its pilots' steps), before a grid restores, runs or
   writes anything."""
-  pilot_steps = (grid or zoology.ZOOLOGY).get('pilot_steps')
-  step_size = (grid or zoology.ZOOLOGY).get('step_size')
+  g = grid or zoology.ZOOLOGY
+  pilot_steps, step_size = g.get('pilot_steps'), g.get('step_size')
+  piloted = bool(g.get('pilot_step_sizes')) and step_size is None   # not a batched grid's
   schedule = config.particles.schedule
   check_budget(*zoology.zoology_rows(root), config.train.steps, pilot_steps, '--workdir',
-               root, schedule, step_size)
+               root, schedule, step_size, piloted)
   if os.path.exists(results):
     check_budget(*read_zoology_file(results)[:2], config.train.steps, pilot_steps,
-                 '--results', results, schedule, step_size)
+                 '--results', results, schedule, step_size, piloted)
 
 
 def write_zoology(config, root: str, path: str, runs_dir: str, log=run_lib.log_line,
@@ -339,7 +347,7 @@ _MODE_FLAGS = {
     'block': ('--collect_only', lambda collect, grid: collect),
     'results': ('--grid or --collect_only (a single run writes <workdir>/result.json)',
                 lambda collect, grid: collect or grid),
-    'runs_dir': ('--grid=zoology, zoology_long or a batched grid',
+    'runs_dir': ('--grid=<a zoology grid> (zoology.ZOOLOGY_GRIDS) or a batched grid',
                  lambda collect, grid: (grid in zoology.ZOOLOGY_GRIDS
                                         or grid in batched_lib.BATCHED_GRIDS)),
     'archive': ('a batched grid, without --collect_only',
@@ -458,7 +466,7 @@ if __name__ == '__main__':
                       'zoology_batched: every (cell, width, method) as one vmapped program, '
                       'for a GPU).')
   flags.DEFINE_string('runs_dir', RUNS_DIR,
-                      'With a zoology grid (zoology, zoology_long, a batched one): the folder '
+                      'With a zoology grid (ZOOLOGY_GRIDS or a batched one): the folder '
                       'of one JSON per finished run (default: <--results\' folder>/runs/'
                       '<--results\' name>; results/runs/mqar_zoology for --grid=zoology).')
   flags.DEFINE_float('budget_s', 0.0, 'With --grid=zoology_batched: no program starts after '
@@ -468,8 +476,8 @@ if __name__ == '__main__':
   flags.DEFINE_string('results', 'results/mqar.json', 'Results file the grid rewrites.')
   flags.DEFINE_bool('collect_only', False, 'Only rewrite --results from the finished runs.')
   flags.DEFINE_string('page', '', 'With --collect_only: also redraw the figure and table of '
-                      'this page (docs/recall.md); with a zoology grid (zoology, zoology_long, '
-                      'a batched one), its '
+                      'this page (docs/recall.md); with a zoology grid (ZOOLOGY_GRIDS or a '
+                      'batched one), its '
                       'mqar_zoology block from every results file of ZOOLOGY_RESULTS there is.')
   flags.DEFINE_string('figure', 'docs/figures/recall_accuracy_vs_length.png',
                       'The figure --page draws (zoology grids: ' + zoology_page.FIGURE +

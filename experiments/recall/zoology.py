@@ -182,18 +182,19 @@ def zoology_plan(root: str, grid: dict = None):
 
   Order: the pilots (none where the grid fixes η: ``step_size``); the later seeds of
   ``COULOMB_PAIR`` at a sweep cell as soon as both methods' sweeps of that cell are done
-  (the question whether the Coulomb terms change anything needs them paired by seed); where the grid has ``coulomb_seeds``, those seeds of
-  the pair at ``coulomb_rate`` as soon as both seed-0 runs at that rate are done; where
-  it has ``extra_seeds`` ({methods, seeds, learning_rate}), those seeds of each of those
-  methods at that rate as soon as the method's own seed-0 run there is done; each
-  sweep cell (methods × rates, seed 0; rates × methods where the grid says
-  ``rates_first``); (256, 16) (the grid's ``long_cell``, where it has one) seed 0 at each
-  method's best rate of (128, 8); seeds 1 and 2 at each method's best rate of each sweep
-  cell, then at (256, 16); last, the sweep cells' runs of the grid's ``deferred`` methods,
-  in the same order. A run due twice (at the fixed rate and at a best rate) is listed once.
-  The particles' step size is the pilot's choice for the cell (the (256, 16) runs take
-  (128, 8)'s), or the grid's ``step_size``. The best rate of a method is the argmax of ``selection_key`` over its seed-0
-  runs (validation batch, never the test batch).
+  (the question whether the Coulomb terms change anything needs them paired by seed);
+  where the grid has ``coulomb_seeds``, those seeds of the pair at ``coulomb_rate`` as
+  soon as both seed-0 runs at that rate are done; where it has ``extra_seeds`` ({methods,
+  seeds, learning_rate}), those seeds of each of those methods at that rate as soon as
+  the method's own seed-0 run there is done; each sweep cell (methods × rates, seed 0;
+  rates × methods where the grid says ``rates_first``); (256, 16) (the grid's
+  ``long_cell``, where it has one) seed 0 at each method's best rate of (128, 8); seeds 1
+  and 2 at each method's best rate of each sweep cell, then at (256, 16); last, the sweep
+  cells' runs of the grid's ``deferred`` methods, in the same order. A run due twice (at
+  the fixed rate and at a best rate) is listed once. The particles' step size is the
+  pilot's choice for the cell (the (256, 16) runs take (128, 8)'s), or the grid's
+  ``step_size``. The best rate of a method is the argmax of ``selection_key`` over its
+  seed-0 runs (validation batch, never the test batch).
   """
   g = grid or ZOOLOGY
   if g.get('coulomb_seeds') and g['coulomb_rate'] not in g['learning_rates']:

@@ -549,6 +549,21 @@ def test_the_fixed_eta_grids_are_the_annealed_pair_with_eta_given_and_no_pilot(
   mqar_cmd.check_budget([dict(row, particle_step_size=step_size)], [], 12000, 1000,
                         '--workdir', 'w', schedule, step_size)
   mqar_cmd.check_budget([row], [pilot], 12000, 1000, '--workdir', 'w', schedule)  # no fixed η
+  # The other way round: the grid of the same schedule whose pilots choose eta refuses this
+  # grid's folder (its Langevin runs and no pilot), through check_sources.
+  ours = dict(row, particle_step_size=step_size)
+  (tmp_path / 'ours' / zoology.zoology_row_name(ours)).mkdir(parents=True)
+  (tmp_path / 'ours' / zoology.zoology_row_name(ours) / 'result.json').write_text(
+      json.dumps(ours))
+  piloted, more, _ = zoology.ZOOLOGY_GRIDS[
+      'zoology_long' if schedule == 'constant' else 'zoology_long_annealed']
+  theirs = grid.apply_overrides(mqar_config.get_config('zoology'), more)
+  assert more == overrides and piloted['step_size'] is None
+  with pytest.raises(cli.ConfigError, match=r"^--workdir: .*particles_flow-L64-P4-w64-lr2\.2e"
+                                            r"-03-seed0 and no pilot, where this grid's pilots"):
+    mqar_cmd.check_sources(theirs, str(tmp_path / 'ours'), str(tmp_path / 'none.json'),
+                           piloted)
+  mqar_cmd.check_sources(config, str(tmp_path / 'ours'), str(tmp_path / 'none.json'), fixed)
 
 
 def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first_then_the_pairs_seeds(
