@@ -331,13 +331,14 @@ def zoology_best(rows: List[dict]) -> dict:
     if len({choice(r)[1] for r in seed0}) > 1:     # η swept with the rate (batched grid)
       entry['particle_step_size'] = best[1]
       entry['step_sizes_tried'] = len({choice(r)[1] for r in seed0})
-    entry['accuracy'] = {'mean': float(sum(acc) / len(acc)), 'std': float(_std(acc)),
+    entry['accuracy'] = {'mean': float(sum(acc) / len(acc)), 'std': float(seed_std(acc)),
                          'n': len(acc)}
     out[f'{seq_len}/{num_pairs}/{width}/{method}'] = entry
   return out
 
 
-def _std(values):
+def seed_std(values) -> float:
+  """The standard deviation over seeds (ddof 1; 0 for one seed), as the results report it."""
   if len(values) < 2:
     return 0.0
   mean = sum(values) / len(values)
@@ -380,7 +381,7 @@ def coulomb_effect(rows: List[dict], best: dict) -> dict:
       chosen[name] = {r['seed']: r for r in runs_of(name) if r['learning_rate'] == lr}
     seeds = sorted(set(chosen[first]) & set(chosen[second]))
     d = [chosen[first][s]['accuracy'] - chosen[second][s]['accuracy'] for s in seeds]
-    summary = {'mean': float(sum(d) / len(d)) if d else None, 'std': float(_std(d)),
+    summary = {'mean': float(sum(d) / len(d)) if d else None, 'std': float(seed_std(d)),
                'n': len(d)}
     by_rate, paired = {}, {}
     for name in COULOMB_PAIR:
@@ -394,7 +395,7 @@ def coulomb_effect(rows: List[dict], best: dict) -> dict:
       if len(common) < 2:
         continue
       d_lr = [got[first][s]['accuracy'] - got[second][s]['accuracy'] for s in common]
-      at = {'mean': float(sum(d_lr) / len(d_lr)), 'std': float(_std(d_lr)), 'n': len(d_lr)}
+      at = {'mean': float(sum(d_lr) / len(d_lr)), 'std': float(seed_std(d_lr)), 'n': len(d_lr)}
       at_rate[f'{lr:g}'] = {'seeds': common, 'difference': at,
                             'interval_95': intervals.seed_interval(at)}
     calib = [r.get('calibration', {}) for r in chosen[first].values()]

@@ -9,7 +9,9 @@ accuracy at the chosen rate against the state size (Zoology's recall–memory vi
 validation curves of the runs that kept one, and the Coulomb pair's paired differences per
 seed with their mean and interval (``coulomb_figure``), and replaces
 the ``mqar_zoology`` block of the page with the best-rate table (``zoology.zoology_best``, per
-file), the chance level 1/P, what has not run, and the runs' commands, commits and machines.
+file), the chance level 1/P, what has not run, and the runs' commands, commits and machines,
+then the Coulomb pair across files at each (schedule, η) of its Langevin step
+(``step_lines``).
 """
 
 import collections
@@ -19,10 +21,12 @@ from typing import Sequence
 
 import numpy as np
 
+from experiments.analysis import intervals
 from experiments.analysis import plots
 from experiments.common import page_block
 from experiments.recall import methods
 from experiments.recall import page as page_lib
+from experiments.recall import zoology
 
 BLOCK = 'mqar_zoology'
 FIGURE = 'docs/figures/recall_zoology_accuracy_vs_rate.png'
@@ -292,6 +296,66 @@ def coulomb_lines(effect: dict) -> list:
   return lines
 
 
+def step_lines(tables) -> list:
+  """The particles' Langevin step across results files: wherever the Coulomb pair
+  (``zoology.COULOMB_PAIR``) ran at one (cell, width, steps, rate, platform) with more than
+  one (schedule, η) — one grid per corner: ``zoology_long``, ``zoology_long_annealed`` and
+  the two fixed-η grids — a table of each method's test accuracy by seed at each corner,
+  and its paired difference by seed from the first corner (constant before cosine, then
+  the smaller η), mean with its 95% interval over the seeds both ran
+  (``intervals.seed_interval``; none below two seeds)."""
+  groups = {}
+  for label, table in tables:
+    source = label.partition(' (')[2].rstrip(')')
+    for r in table['runs']:
+      if r['method'] not in zoology.COULOMB_PAIR or 'particle_step_size' not in r:
+        continue
+      key = (r['seq_len'], r['num_pairs'], r['width'],
+             r.get('steps', table.get('protocol', {}).get('steps')), r['learning_rate'],
+             r.get('machine', {}).get('platform', 'cpu'))
+      corner = groups.setdefault(key, {}).setdefault(
+          (r.get('particle_schedule', 'constant'), r['particle_step_size']),
+          {'sources': set(), **{m: {} for m in zoology.COULOMB_PAIR}})
+      corner['sources'].add(source)
+      corner[r['method']].setdefault(r['seed'], r['accuracy'])
+  lines = []
+  for key, corners in sorted(groups.items()):
+    if len(corners) < 2:
+      continue
+    if not lines:
+      lines = ['', "**The particles' Langevin step**: the Coulomb pair across results files "
+               'at each (schedule, η) it ran with; test accuracy by seed, mean ± sd, and '
+               'the paired difference by seed from the first row (95% interval over '
+               'seeds; none below two seeds).']
+    seq_len, pairs, width, steps, lr, platform = key
+    head = ' | '.join(f'{m} by seed | mean ± sd (n) | − first row' for m in zoology.COULOMB_PAIR)
+    lines += ['', f'L = {seq_len}, {pairs} pairs, width {width}, {steps} steps, rate {lr:g} '
+              f'({platform}):', '', f'| schedule | η | {head} | file |',
+              '|---|---|' + '---|---|---|' * len(zoology.COULOMB_PAIR) + '---|']
+    order = sorted(corners)
+    first = corners[order[0]]
+    for schedule, eta in order:
+      corner, cells = corners[(schedule, eta)], []
+      for m in zoology.COULOMB_PAIR:
+        acc = corner[m]
+        seeds = ', '.join(f'{s}: {acc[s]:.3f}' for s in sorted(acc))
+        vals = list(acc.values())
+        spread = (f'{np.mean(vals):.3f} ± {zoology.seed_std(vals):.3f} ({len(vals)})'
+                  if vals else '')
+        paired = sorted(set(acc) & set(first[m]))
+        diff = ''
+        if corner is not first and paired:
+          d = [acc[s] - first[m][s] for s in paired]
+          ci = intervals.seed_interval({'mean': float(np.mean(d)),
+                                        'std': zoology.seed_std(d), 'n': len(d)})
+          diff = f'{np.mean(d):+.3f} ' + (f'[{ci[0]:+.3f}, {ci[1]:+.3f}]' if ci
+                                           else '(one seed)') + f' (n = {len(d)})'
+        cells += [seeds, spread, diff]
+      lines.append(f'| {schedule} | {eta:g} | ' + ' | '.join(cells)
+                   + f' | {", ".join(sorted(corner["sources"]))} |')
+  return lines
+
+
 def table_lines(tables) -> list:
   lines = []
   for label, table in tables:
@@ -363,4 +427,4 @@ def write(results_files: Sequence[str], page: str, figure_path: str = FIGURE) ->
     coulomb_path = coulomb_figure(points, coulomb_figure_path(figure_path))
     images += [f'![the Coulomb terms, paired by seed]({rel(coulomb_path)})', '']
   begin, end = page_lib.markers(BLOCK)
-  page_block.write_block(page, begin, end, images + table_lines(tables))
+  page_block.write_block(page, begin, end, images + table_lines(tables) + step_lines(tables))

@@ -566,6 +566,35 @@ def test_the_fixed_eta_grids_are_the_annealed_pair_with_eta_given_and_no_pilot(
   mqar_cmd.check_sources(config, str(tmp_path / 'ours'), str(tmp_path / 'none.json'), fixed)
 
 
+def test_step_lines_pair_each_corner_of_the_langevin_step_with_the_first_by_seed():
+  # Two files at one cell and rate (constant 3e-3; cosine 1e-2), a third corner on another
+  # platform (its own table, alone: left out), a method outside the pair: ignored.
+  from experiments.recall import zoology_page  # pylint: disable=g-import-not-at-top
+  def row(method, seed, acc, schedule, eta, platform='cpu'):
+    return {'seq_len': 64, 'num_pairs': 4, 'width': 64, 'steps': 12000, 'seed': seed,
+            'learning_rate': 2.154e-3, 'method': method, 'accuracy': acc,
+            'particle_schedule': schedule, 'particle_step_size': eta,
+            'machine': {'platform': platform}}
+  constant = [row(m, s, a, 'constant', 3e-3) for m, accs in (
+      ('particles_softmax', (0.4, 0.5, 0.3)), ('particles_flow', (0.6, 0.4, 0.6)))
+              for s, a in enumerate(accs)] + [dict(row('elu', 0, 0.2, 'constant', 3e-3))]
+  cosine = [row(m, s, a, 'cosine', 1e-2) for m, accs in (
+      ('particles_softmax', (0.9, 0.8)), ('particles_flow', (0.9,))) for s, a in enumerate(accs)]
+  gpu = [row('particles_flow', 0, 0.7, 'constant', 1e-3, 'gpu')]
+  lines = zoology_page.step_lines([('cpu (a.json)', {'runs': constant}),
+                                   ('cpu (b.json)', {'runs': cosine + gpu})])
+  rows = [l for l in lines if l.startswith('| constant') or l.startswith('| cosine')]
+  assert len(rows) == 2 and sum(l.startswith('L = ') for l in lines) == 1
+  assert rows[0] == ('| constant | 0.003 | 0: 0.400, 1: 0.500, 2: 0.300 | 0.400 ± 0.100 (3) |  '
+                     '| 0: 0.600, 1: 0.400, 2: 0.600 | 0.533 ± 0.115 (3) |  | a.json |')
+  # softmax: differences +0.5, +0.3 over seeds 0-1: mean +0.4, sd 0.1414, t_{0.975,1} 12.706
+  half = 12.706 * 0.1 * 2 ** 0.5 / 2 ** 0.5
+  assert rows[1].startswith(f'| cosine | 0.01 | 0: 0.900, 1: 0.800 | 0.850 ± 0.071 (2) | '
+                            f'+0.400 [{0.4 - half:+.3f}, {0.4 + half:+.3f}] (n = 2) | ')
+  assert rows[1].endswith('| 0: 0.900 | 0.900 ± 0.000 (1) | +0.300 (one seed) (n = 1) | b.json |')
+  assert zoology_page.step_lines([('cpu (a.json)', {'runs': constant})]) == []
+
+
 def test_the_l128_grid_is_one_rate_the_pair_and_the_hedgehogs_first_then_the_pairs_seeds(
     tmp_path):
   l128, overrides, results = zoology.ZOOLOGY_GRIDS['zoology_long_l128']
