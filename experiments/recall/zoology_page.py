@@ -292,7 +292,8 @@ def coulomb_lines(effect: dict) -> list:
     ratio = ', '.join(f'{x:.3g}' for x in e['calibration'].get('force_ratio', []))
     lines.append(f'- L = {seq_len}, {pairs} pairs, width {width}: {d["mean"]:+.3f} '
                  f'(n = {d["n"]}, {where}); seed 0 by rate: {rates}{fixed}; repulsion / '
-                 f'target force at step 0: {ratio or "not recorded"}.')
+                 f'target force at step 0 (over seeds, lowest first): '
+                 f'{ratio or "not recorded"}.')
   return lines
 
 
