@@ -434,15 +434,14 @@ def zoology_protocol(config, where: str, batched: bool = False, grid: dict = Non
     e = grid['extra_seeds']
     protocol['extra_seeds'] = {'methods': list(e['methods']), 'seeds': list(e['seeds']),
                                'learning_rate': e['learning_rate']}
-  if grid.get('step_size') is not None:            # η fixed in advance: no pilot
-    particles = protocol['particles']
+  particles = protocol['particles']
+  fixed = grid.get('step_size') is not None
+  if batched or fixed:                 # η swept with the rate, or fixed in advance: no pilot
     for k in ('pilot_step_sizes', 'pilot_learning_rate', 'pilot_steps'):
       del particles[k]
+  if fixed:
     particles['step_size'] = grid['step_size']
   if batched:
-    particles = protocol['particles']
-    for k in ('pilot_step_sizes', 'pilot_learning_rate', 'pilot_steps'):
-      del particles[k]
     particles['step_sizes'] = list(grid['step_sizes'])
     protocol['program'] = ('every (cell, width, method) one jax.vmap over its runs '
                            '(experiments/recall/batched.py)')
